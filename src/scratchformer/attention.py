@@ -1,0 +1,212 @@
+"""Scaled dot-product and multi-head attention (paper, sections 3.2.1 and 3.2.2).
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+The per-head projections W_i^Q of all h heads together form one full D x D matrix W^Q (likewise
+for K, V and the output W^O): four D x D projections, not one shared d_k-sized map.
+
+Masks follow the convention of :mod:`scratchformer.masks`: bool, True = may attend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from scratchformer.masks import causal_mask, combine_masks, expand_attention_mask
+from scratchformer.validation import check_features
+
+__all__ = ["KVCache", "MultiHeadAttention", "scaled_dot_product_attention"]
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T * scale) v over the heads, with one of two kernels.
+
+    Args:
+        q: (B, H, T, d_k) queries.
+        k: (B, H, S, d_k) keys.
+        v: (B, H, S, d_v) values.
+        mask: bool, broadcastable to (B, H, T, S); True = may attend.
+        is_causal: also forbid query i to see keys after its own position (bottom-right aligned
+            when S > T, so the T queries are the last T positions).
+        dropout_p: dropout on the attention probabilities.
+        need_weights: if True use the explicit kernel and return the probabilities.
+        scale: defaults to 1 / sqrt(d_k).
+
+    Returns:
+        (B, H, T, d_v) output and, if ``need_weights``, (B, H, T, S) probabilities (before dropout).
+
+    Kernels: ``torch.nn.functional.scaled_dot_product_attention`` (fused, fast) when the weights
+    are not needed, the explicit formula when they are. A query row that may attend to no key at
+    all returns zeros (and zero weights) with zero gradient, in every dtype: such rows are let
+    attend everywhere, then their result is zeroed. This avoids both failure modes of the usual
+    tricks: -inf everywhere gives softmax 0/0 = NaN, and -1e9 overflows to -inf in fp16.
+    """
+    T, S = q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if is_causal and (mask is not None or need_weights or T != S):
+        mask = combine_masks(mask, causal_mask(T, S, device=q.device))
+        is_causal = False
+
+    row_has_key = None
+    if mask is not None:
+        row_has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
+        mask = mask | ~row_has_key
+
+    if need_weights:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.matmul(F.dropout(weights, dropout_p) if dropout_p > 0 else weights, v)
+    else:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
+        weights = None
+
+    if row_has_key is not None:
+        out = out.masked_fill(~row_has_key, 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(~row_has_key, 0.0)
+    return out, weights
+
+
+@dataclass
+class KVCache:
+    """Projected keys and values of one attention layer, split into heads: (B, H, S, d_k).
+
+    Self-attention appends the new positions' keys/values at each decoding step; cross-attention
+    computes the encoder memory's keys/values once and reuses them ("static").
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (B',) in that order (beam search reshuffles hypotheses)."""
+        if self.k is not None and self.v is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """h attention heads in parallel, each of width d_k = D / h.
+
+    Args:
+        d_model: D, the model width.
+        num_heads: H, the number of heads; must divide D.
+        dropout: dropout on the attention probabilities.
+        bias: whether the four projections have biases.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if num_heads <= 0 or d_model % num_heads != 0:
+            raise ValueError(
+                f"d_model={d_model} must be divisible by num_heads={num_heads} (d_k = D / H)"
+            )
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_k = d_model // num_heads
+        self.scale = self.d_k**-0.5  # 1 / sqrt(d_k)
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q for all heads
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> (B, H, L, d_k)."""
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, self.d_k).transpose(1, 2)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+        static_kv: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: (B, T, D).
+            key, value: (B, S, D); default to ``query`` (self-attention). S may differ from T.
+            key_padding_mask: (B, S) bool, True at real keys. With a cache, S counts the cached
+                positions too.
+            attn_mask: (T, S), (B, T, S) or (B, H, T, S) bool, True = may attend.
+            is_causal: add the causal mask (query i sees keys up to its own position).
+            need_weights: also return the (B, H, T, S) attention probabilities.
+            cache: incremental decoding state, updated in place. Without ``static_kv`` the new
+                keys/values are appended to it; with ``static_kv`` (cross-attention) they are
+                computed on the first call and reused afterwards.
+
+        Returns:
+            (B, T, D) output and the (B, H, T, S) weights or None.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        check_features("query", query, "(B, T, D)", self.d_model)
+        B, T = query.shape[0], query.shape[1]
+        reuse = cache is not None and static_kv and cache.k is not None
+        if not reuse:
+            check_features("key", key, "(B, S, D)", self.d_model, batch=B)
+            check_features("value", value, "(B, S, D)", self.d_model, batch=B)
+            if value.shape[1] != key.shape[1]:
+                raise ValueError(
+                    f"value: expected the key's shape (B, S, D)={tuple(key.shape)}, got {tuple(value.shape)}"
+                )
+
+        q = self._split_heads(self.q_proj(query))  # (B, H, T, d_k)
+        if reuse:
+            k, v = cache.k, cache.v
+        else:
+            k = self._split_heads(self.k_proj(key))  # (B, H, S_new, d_k)
+            v = self._split_heads(self.v_proj(value))
+            if cache is not None:
+                if not static_kv and cache.k is not None:
+                    k = torch.cat([cache.k, k], dim=2)
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        S = k.shape[2]
+
+        mask = expand_attention_mask(key_padding_mask, attn_mask, B, self.num_heads, T, S)
+        out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+            scale=self.scale,
+        )
+        out = out.transpose(1, 2).reshape(B, T, self.d_model)  # concat heads: (B, T, D)
+        return self.out_proj(out), weights
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"

@@ -1,0 +1,103 @@
+"""Encoder (paper, section 3.1): a stack of N identical layers, each with two sub-layers,
+multi-head self-attention and a position-wise feed-forward network.
+
+"We employ a residual connection around each of the two sub-layers, followed by layer
+normalization. That is, the output of each sub-layer is LayerNorm(x + Sublayer(x))" (post-LN).
+With ``norm_first=True`` the norm moves inside the residual branch, x + Sublayer(LayerNorm(x))
+(pre-LN, Xiong et al. 2020), which trains without warm-up tricks; the stack then ends with a
+final LayerNorm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import Tensor, nn
+
+from scratchformer.attention import MultiHeadAttention
+from scratchformer.feedforward import PositionwiseFeedForward
+from scratchformer.layer_norm import LayerNorm
+
+__all__ = ["EncoderLayer", "Encoder"]
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward, each wrapped in dropout, a residual and a LayerNorm.
+
+    Args:
+        d_model: D.  num_heads: H.  d_ff: feed-forward inner width.
+        dropout: on each sub-layer's output, the attention probabilities and the FFN activations.
+        activation: "relu" or "gelu".
+        norm_first: False = post-LN (paper), True = pre-LN.
+        layer_norm_eps: LayerNorm epsilon.
+        bias: biases in the linear maps.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def _self_attention(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor:
+        out, _ = self.self_attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+        return self.dropout1(out)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        """x (B, S, D); key_padding_mask (B, S) bool, True at real tokens; attn_mask (S, S),
+        (B, S, S) or (B, H, S, S) bool, True = may attend. Returns (B, S, D)."""
+        if self.norm_first:
+            x = x + self._self_attention(self.norm1(x), key_padding_mask, attn_mask)
+            x = x + self.dropout2(self.feed_forward(self.norm2(x)))
+        else:
+            x = self.norm1(x + self._self_attention(x, key_padding_mask, attn_mask))
+            x = self.norm2(x + self.dropout2(self.feed_forward(x)))
+        return x
+
+
+class Encoder(nn.Module):
+    """A stack of encoder layers, optionally followed by a LayerNorm (needed with pre-LN).
+
+    Args:
+        layers: the N ``EncoderLayer`` modules, applied in order.
+        norm: final LayerNorm, or None.
+    """
+
+    def __init__(self, layers: Iterable[EncoderLayer], norm: LayerNorm | None = None):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """x (B, S, D) -> (B, S, D); masks as in ``EncoderLayer``.
+
+        With ``output_hidden_states`` also returns the N + 1 hidden states: the input, then
+        every layer's output (the last one before the final norm, as Hugging Face does).
+        """
+        hidden = [x]
+        for layer in self.layers:
+            x = layer(x, key_padding_mask, attn_mask)
+            hidden.append(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        return (x, hidden) if output_hidden_states else x

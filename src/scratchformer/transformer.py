@@ -1,0 +1,238 @@
+"""The encoder-decoder Transformer (paper, section 3 and figure 1).
+
+    logits = Generator(Decoder(Embed(tgt), Encoder(Embed(src))))
+
+The model returns logits (B, T, V); the softmax belongs to the loss or the decoding algorithm,
+never to the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from scratchformer.decoder import Decoder, DecoderCache, DecoderLayer
+from scratchformer.embedding import TokenEmbedding
+from scratchformer.encoder import Encoder, EncoderLayer
+from scratchformer.layer_norm import LayerNorm
+from scratchformer.masks import padding_mask
+from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from scratchformer.validation import check_features, check_mask, check_tokens
+
+__all__ = ["TransformerConfig", "Transformer"]
+
+
+@dataclass
+class TransformerConfig:
+    """Hyper-parameters of :class:`Transformer`; the defaults are the paper's base model.
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: V of each side.
+        d_model: D.  num_heads: H.  d_ff: feed-forward inner width.
+        num_encoder_layers, num_decoder_layers: N of each stack.
+        dropout: P_drop, everywhere (embeddings, sub-layers, attention, FFN).
+        activation: "relu" (paper) or "gelu".
+        norm_first: False = post-LN (paper), True = pre-LN.
+        final_norm: LayerNorm after each stack; None means "if norm_first" (the usual choice;
+            ``torch.nn.Transformer`` always has one).
+        layer_norm_eps: LayerNorm epsilon.  bias: biases in the linear maps.
+        max_len: longest sequence accepted; longer input is a ValueError.
+        positional: "sinusoidal" (paper) or "learned".
+        share_embeddings: one embedding matrix for source and target (needs equal vocabularies).
+        tie_output: the output projection reuses the target embedding matrix (paper, 3.4).
+        pad_id: padding token id, used to build padding masks automatically (None: no padding).
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    activation: str = "relu"
+    norm_first: bool = False
+    final_norm: bool | None = None
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+    max_len: int = 1024
+    positional: str = "sinusoidal"
+    share_embeddings: bool = False
+    tie_output: bool = False
+    pad_id: int | None = 0
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)"
+            )
+        if self.positional not in ("sinusoidal", "learned"):
+            raise ValueError(f"positional: expected 'sinusoidal' or 'learned', got {self.positional!r}")
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"activation: expected 'relu' or 'gelu', got {self.activation!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
+                f"{self.src_vocab_size} and {self.tgt_vocab_size}"
+            )
+        if self.pad_id is not None and not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"TransformerConfig: unknown fields {unknown}")
+        return cls(**data)
+
+
+def _positional(config: TransformerConfig) -> nn.Module:
+    if config.positional == "learned":
+        return LearnedPositionalEmbedding(config.max_len, config.d_model)
+    return SinusoidalPositionalEncoding(config.d_model, config.max_len)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer returning next-token logits.
+
+    Example:
+        >>> cfg = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=32,
+        ...                         num_heads=4, d_ff=64, num_encoder_layers=2, num_decoder_layers=2)
+        >>> model = Transformer(cfg)
+        >>> logits = model(src, tgt)  # src (B, S), tgt (B, T) -> (B, T, V)
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = c = config
+        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.tgt_embed = (
+            self.src_embed
+            if c.share_embeddings
+            else TokenEmbedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
+        )
+        self.src_pos = _positional(c)
+        self.tgt_pos = _positional(c)
+        self.dropout = nn.Dropout(c.dropout)
+
+        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps, c.bias)
+        final_norm = c.norm_first if c.final_norm is None else c.final_norm
+        self.encoder = Encoder(
+            [EncoderLayer(*layer_args) for _ in range(c.num_encoder_layers)],
+            LayerNorm(c.d_model, c.layer_norm_eps) if final_norm else None,
+        )
+        self.decoder = Decoder(
+            [DecoderLayer(*layer_args) for _ in range(c.num_decoder_layers)],
+            LayerNorm(c.d_model, c.layer_norm_eps) if final_norm else None,
+        )
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size, bias=not c.tie_output)
+        self._reset_parameters()
+        if c.tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def _reset_parameters(self) -> None:
+        """Xavier-uniform for every weight matrix of the stacks and the output (as torch.nn.Transformer)."""
+        for module in (self.encoder, self.decoder, self.generator):
+            for p in module.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, shared matrices counted once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def source_padding_mask(self, src: Tensor) -> Tensor | None:
+        """(B, S) bool, True at real source tokens; None if the config has no pad_id."""
+        return None if self.config.pad_id is None else padding_mask(src, self.config.pad_id)
+
+    def _check_padding_mask(self, name: str, mask: Tensor | None, tokens: Tensor) -> None:
+        if mask is not None:
+            check_mask(name, mask, [tuple(tokens.shape)], ["(B, L)"])
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """src (B, S) token ids -> memory (B, S, D).
+
+        ``src_padding_mask`` (B, S) bool (True at real tokens) defaults to ``src != pad_id``.
+        """
+        check_tokens("src", src, self.config.src_vocab_size, self.config.max_len)
+        self._check_padding_mask("src_padding_mask", src_padding_mask, src)
+        if src_padding_mask is None:
+            src_padding_mask = self.source_padding_mask(src)
+        x = self.dropout(self.src_pos(self.src_embed(src)))
+        return self.encoder(x, key_padding_mask=src_padding_mask)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """Next-token logits for target prefix ``tgt``.
+
+        Args:
+            tgt: (B, T) token ids; with a ``cache``, only the new tokens.
+            memory: (B, S, D) from :meth:`encode`.
+            src_padding_mask: (B, S) bool, True at real source tokens (None: no source padding).
+            tgt_padding_mask: (B, T) bool, True at real target tokens; defaults to
+                ``tgt != pad_id`` when there is no cache.
+            cache: incremental state from ``model.decoder.new_cache()``, updated in place.
+
+        Returns:
+            (B, T, V_tgt) logits.
+        """
+        offset = len(cache) if cache is not None else 0
+        check_tokens("tgt", tgt, self.config.tgt_vocab_size)
+        if offset + tgt.shape[1] > self.config.max_len:
+            raise ValueError(
+                f"tgt: sequence length {offset + tgt.shape[1]} exceeds the configured maximum "
+                f"max_len={self.config.max_len}"
+            )
+        check_features("memory", memory, "(B, S, D)", self.config.d_model, batch=tgt.shape[0])
+        if src_padding_mask is not None:
+            check_mask("src_padding_mask", src_padding_mask, [tuple(memory.shape[:2])], ["(B, S)"])
+        self._check_padding_mask("tgt_padding_mask", tgt_padding_mask, tgt)
+        if tgt_padding_mask is None and cache is None and self.config.pad_id is not None:
+            tgt_padding_mask = padding_mask(tgt, self.config.pad_id)
+        if cache is not None and tgt_padding_mask is not None:
+            raise ValueError("tgt_padding_mask is not supported with a cache (incremental decoding)")
+        x = self.dropout(self.tgt_pos(self.tgt_embed(tgt), offset=offset))
+        h = self.decoder(
+            x,
+            memory,
+            tgt_key_padding_mask=tgt_padding_mask,
+            memory_key_padding_mask=src_padding_mask,
+            cache=cache,
+        )
+        return self.generator(h)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """src (B, S), tgt (B, T) token ids -> (B, T, V_tgt) logits (teacher forcing).
+
+        Padding masks (B, S) / (B, T) bool, True at real tokens, default to ``!= pad_id``; the
+        decoder's self-attention is always causal.
+        """
+        memory = self.encode(src, src_padding_mask)
+        if src_padding_mask is None:
+            src_padding_mask = self.source_padding_mask(src)
+        return self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)

@@ -1,0 +1,100 @@
+"""Bad input gets an error that names the argument, the expected and the received."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import scratchformer as sf
+
+
+@pytest.fixture(scope="module")
+def model() -> sf.Transformer:
+    cfg = sf.TransformerConfig(
+        src_vocab_size=20, tgt_vocab_size=15, d_model=16, num_heads=4, d_ff=32,
+        num_encoder_layers=1, num_decoder_layers=1, max_len=12,
+    )
+    return sf.Transformer(cfg).eval()
+
+
+def test_d_model_not_divisible_by_heads() -> None:
+    with pytest.raises(ValueError, match=r"d_model=30 must be divisible by num_heads=4"):
+        sf.MultiHeadAttention(30, 4)
+    with pytest.raises(ValueError, match=r"d_model=30 must be divisible by num_heads=4"):
+        sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=30, num_heads=4)
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ValueError, match="share_embeddings"):
+        sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=6, share_embeddings=True)
+    with pytest.raises(ValueError, match="positional"):
+        sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, positional="rotary")
+    with pytest.raises(ValueError, match="activation"):
+        sf.PositionwiseFeedForward(8, 16, activation="swish")
+    with pytest.raises(ValueError, match="unknown fields"):
+        sf.TransformerConfig.from_dict({"src_vocab_size": 5, "tgt_vocab_size": 5, "d_modle": 8})
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [((2, 16), r"query: expected shape \(B, T, D\) \(3 dims\), got \(2, 16\)"),
+     ((2, 3, 8), r"query: expected shape \(B, T, D\) with last dim 16, got \(2, 3, 8\)")],
+)
+def test_attention_query_shape(shape, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        sf.MultiHeadAttention(16, 4)(torch.randn(shape))
+
+
+def test_attention_key_batch_and_value_length() -> None:
+    mha = sf.MultiHeadAttention(16, 4)
+    with pytest.raises(ValueError, match=r"key: expected batch size B=2"):
+        mha(torch.randn(2, 3, 16), torch.randn(3, 5, 16))
+    with pytest.raises(ValueError, match=r"value: expected the key's shape"):
+        mha(torch.randn(2, 3, 16), torch.randn(2, 5, 16), torch.randn(2, 4, 16))
+    with pytest.raises(TypeError, match=r"query: expected a floating-point tensor"):
+        mha(torch.ones(2, 3, 16, dtype=torch.long))
+
+
+def test_attention_mask_shape_and_dtype() -> None:
+    mha = sf.MultiHeadAttention(16, 4)
+    x = torch.randn(2, 3, 16)
+    with pytest.raises(ValueError, match=r"key_padding_mask: expected shape \(B, S\)=\(2, 3\), got \(2, 4\)"):
+        mha(x, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attn_mask: expected shape \(T, S\)=\(3, 3\) or .*got \(4, 4\)"):
+        mha(x, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"attn_mask: expected dtype torch.bool .* got torch.float32"):
+        mha(x, attn_mask=torch.zeros(3, 3))
+
+
+def test_token_ids_out_of_range(model) -> None:
+    ok = torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"src: token id 20 is outside the vocabulary range \[0, 20\)"):
+        model(torch.full((2, 4), 20), ok)
+    with pytest.raises(ValueError, match=r"tgt: token id -1 is outside the vocabulary range \[0, 15\)"):
+        model(ok, torch.full((2, 4), -1))
+    with pytest.raises(TypeError, match=r"src: expected integer token ids"):
+        model(torch.ones(2, 4), ok)
+    with pytest.raises(ValueError, match=r"src: expected shape \(B, L\) of token ids, got \(4,\)"):
+        model(torch.ones(4, dtype=torch.long), ok)
+
+
+def test_sequence_longer_than_max_len(model) -> None:
+    ok = torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"src: sequence length 13 exceeds the configured maximum max_len=12"):
+        model(torch.ones(2, 13, dtype=torch.long), ok)
+    with pytest.raises(ValueError, match=r"tgt: sequence length 13 exceeds .* max_len=12"):
+        model(ok, torch.ones(2, 13, dtype=torch.long))
+
+
+def test_padding_mask_and_memory_mismatch(model) -> None:
+    src, tgt = torch.ones(2, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"src_padding_mask: expected shape \(B, L\)=\(2, 4\), got \(2, 5\)"):
+        model(src, tgt, src_padding_mask=torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"tgt_padding_mask: expected dtype torch.bool"):
+        model(src, tgt, tgt_padding_mask=torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"memory: expected shape \(B, S, D\) with last dim 16"):
+        model.decode(tgt, torch.randn(2, 4, 8))
+    with pytest.raises(ValueError, match=r"memory: expected batch size B=2"):
+        model.decode(tgt, torch.randn(3, 4, 16))
+    with pytest.raises(ValueError, match=r"memory: expected the encoder output"):
+        model.decoder(torch.randn(2, 3, 16), None)
