@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TOL, backward_with, copy_into_reference, max_diff, max_grad_diff, mha_pairing, random_padding
+from helpers import (
+    TOL,
+    backward_with,
+    copy_into_reference,
+    max_diff,
+    max_grad_diff,
+    mha_pairing,
+    random_padding,
+)
 from torch import nn
 
 import scratchformer as sf

@@ -12,7 +12,11 @@ from scratchformer.encoder import Encoder, EncoderLayer
 from scratchformer.feedforward import PositionwiseFeedForward
 from scratchformer.layer_norm import LayerNorm
 from scratchformer.masks import causal_mask, combine_masks, padding_mask
-from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
+from scratchformer.positional import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
 from scratchformer.transformer import Transformer, TransformerConfig
 
 __version__ = "0.1.0"

@@ -138,6 +138,21 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.num_heads, self.d_k).transpose(1, 2)
 
+    def _keys_values(
+        self, key: Tensor, value: Tensor, cache: KVCache | None, static_kv: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Project key/value (B, S_new, D) to heads (B, H, S, d_k), reading and updating the cache."""
+        if cache is not None and static_kv and cache.k is not None and cache.v is not None:
+            return cache.k, cache.v  # cross-attention: the memory was projected on the first step
+        k = self._split_heads(self.k_proj(key))
+        v = self._split_heads(self.v_proj(value))
+        if cache is not None:
+            if not static_kv and cache.k is not None and cache.v is not None:
+                k = torch.cat([cache.k, k], dim=2)  # self-attention: append the new positions
+                v = torch.cat([cache.v, v], dim=2)
+            cache.k, cache.v = k, v
+        return k, v
+
     def forward(
         self,
         query: Tensor,
@@ -182,16 +197,7 @@ class MultiHeadAttention(nn.Module):
                 )
 
         q = self._split_heads(self.q_proj(query))  # (B, H, T, d_k)
-        if reuse:
-            k, v = cache.k, cache.v
-        else:
-            k = self._split_heads(self.k_proj(key))  # (B, H, S_new, d_k)
-            v = self._split_heads(self.v_proj(value))
-            if cache is not None:
-                if not static_kv and cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
+        k, v = self._keys_values(key, value, cache, static_kv)  # (B, H, S, d_k)
         S = k.shape[2]
 
         mask = expand_attention_mask(key_padding_mask, attn_mask, B, self.num_heads, T, S)

@@ -7,12 +7,14 @@ applied to every position separately: D -> d_ff -> D, ReLU as in the paper or GE
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 __all__ = ["PositionwiseFeedForward"]
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
 class PositionwiseFeedForward(nn.Module):

@@ -40,6 +40,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         max_len: rows computed up front.
     """
 
+    table: Tensor
+
     def __init__(self, d_model: int, max_len: int = 1024):
         super().__init__()
         self.d_model = d_model
