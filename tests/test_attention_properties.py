@@ -145,3 +145,30 @@ def test_whole_model_under_bf16_autocast_is_finite() -> None:
     assert torch.isfinite(logits).all()
     logits.float().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_large_scores_stay_finite_in_fp16_in_both_kernels() -> None:
+    """q, k ~ N(0, 50^2), d_k = 64: q.k overflows fp16 unless it is scaled before the product."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (50 * torch.randn(2, 2, 8, 64, generator=gen)).half(), (50 * torch.randn(2, 2, 8, 64, generator=gen)).half(), torch.randn(2, 2, 8, 64, generator=gen).half()
+    mask = torch.rand(2, 1, 8, 8, generator=gen) < 0.5
+    for need_weights in (False, True):
+        out, _ = sf.scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
+        assert torch.isfinite(out).all(), f"need_weights={need_weights}"
+
+
+def test_float64_gradcheck() -> None:
+    """Analytical gradients equal finite differences (float64) through our hand-written pieces."""
+    torch.manual_seed(0)
+    ln = sf.LayerNorm(6).double()
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ln, (x,))
+
+    mha = sf.MultiHeadAttention(8, 2).double()
+    q = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)
+    kpm = torch.tensor([[True, True, False, False], [False] * 4])  # includes a fully masked row
+    for need_weights in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda a, b: mha(a, b, key_padding_mask=kpm, need_weights=need_weights)[0], (q, kv)
+        )

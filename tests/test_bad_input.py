@@ -98,3 +98,63 @@ def test_padding_mask_and_memory_mismatch(model) -> None:
         model.decode(tgt, torch.randn(3, 4, 16))
     with pytest.raises(ValueError, match=r"memory: expected the encoder output"):
         model.decoder(torch.randn(2, 3, 16), None)
+
+
+def test_building_blocks_name_the_wrong_width() -> None:
+    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., D\) with last dim 16, got \(2, 3, 8\)"):
+        sf.LayerNorm(16)(torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, L, D\) with last dim 16, got \(2, 3, 8\)"):
+        sf.PositionwiseFeedForward(16, 32)(torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, L, D\) with last dim 16"):
+        sf.SinusoidalPositionalEncoding(16)(torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, L, D\) \(3 dims\)"):
+        sf.LearnedPositionalEmbedding(8, 16)(torch.randn(3, 16))
+    with pytest.raises(ValueError, match=r"tokens: token id 10 is outside the vocabulary range \[0, 10\)"):
+        sf.TokenEmbedding(10, 16)(torch.tensor([[1, 10]]))
+
+
+def test_kernel_and_mask_helpers_name_the_problem() -> None:
+    q = torch.randn(2, 4, 3, 8)
+    with pytest.raises(TypeError, match=r"mask: expected dtype torch.bool"):
+        sf.scaled_dot_product_attention(q, q, q, torch.zeros(2, 4, 3, 3))
+    with pytest.raises(ValueError, match=r"mask: expected a shape broadcastable to \(B, H, T, S\)=\(2, 4, 3, 3\), got \(3,\)"):
+        sf.scaled_dot_product_attention(q, q, q, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"q: expected shape \(B, H, L, d\) \(4 dims\)"):
+        sf.scaled_dot_product_attention(q[0], q, q)
+    with pytest.raises(ValueError, match=r"combine_masks: mask 1 of shape \(4, 4\) does not broadcast"):
+        sf.combine_masks(torch.ones(3, 3, dtype=torch.bool), torch.ones(4, 4, dtype=torch.bool))
+
+
+def test_config_rejects_negative_layers_and_eps() -> None:
+    with pytest.raises(ValueError, match="num_encoder_layers must be >= 0, got -1"):
+        sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, num_encoder_layers=-1)
+    with pytest.raises(ValueError, match="layer_norm_eps must be positive"):
+        sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, layer_norm_eps=-1.0)
+
+
+def test_decoding_arguments(model) -> None:
+    src = torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="eos_id=0 equals the model's pad_id"):
+        sf.greedy_decode(model, src, bos_id=1, eos_id=0)
+    with pytest.raises(ValueError, match=r"bos_id=15 is outside the target vocabulary \[0, 15\)"):
+        sf.greedy_decode(model, src, bos_id=15, eos_id=2)
+    model.train()
+    try:
+        with pytest.warns(UserWarning, match="training mode"):
+            sf.greedy_decode(model, src, bos_id=1, eos_id=2, max_len_b=1)
+    finally:
+        model.eval()
+
+
+def test_cache_misuse_is_an_error() -> None:
+    mha = sf.MultiHeadAttention(16, 4)
+    memory = torch.randn(3, 5, 16)
+    cache = sf.KVCache()
+    mha(torch.randn(3, 1, 16), memory, cache=cache, static_kv=True)
+    with pytest.raises(ValueError, match="memory: the cache holds keys/values of a memory of length 5, got length 7"):
+        mha(torch.randn(3, 1, 16), torch.randn(3, 7, 16), cache=cache, static_kv=True)
+    cache.reorder(torch.tensor([0, 1]))  # now batch 2
+    with pytest.raises(ValueError, match="cache: holds keys for batch size 2, but the input has batch size 3"):
+        mha(torch.randn(3, 1, 16), cache=cache, static_kv=True)
+    with pytest.raises(ValueError, match="cross-attention .* needs the memory"):
+        mha(torch.randn(3, 1, 16), cache=sf.KVCache(), static_kv=True)

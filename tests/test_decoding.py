@@ -76,3 +76,43 @@ def test_decoder_cache_reorder_selects_batch_rows() -> None:
     assert len(cache) == 1
     assert torch.equal(cache.layers[0].self_attn.k, k_before[[2, 2, 0]])
     assert cache.layers[1].cross_attn.k.shape[0] == 3
+
+
+def test_cached_decoding_feeds_one_position_per_step() -> None:
+    """The prefix is never recomputed: every decoder self-attention call sees one new query."""
+    model = random_model(2)
+    seen: list[int] = []
+    hook = model.decoder.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    try:
+        out = sf.greedy_decode(model, sources(torch.Generator().manual_seed(2)), bos_id=BOS, eos_id=EOS, max_len_b=6)
+    finally:
+        hook.remove()
+    assert len(seen) == out.shape[1] and set(seen) == {1}
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_chunked_cached_decode_equals_full_decode(positional: str) -> None:
+    torch.manual_seed(0)
+    cfg = sf.TransformerConfig(
+        src_vocab_size=25, tgt_vocab_size=25, d_model=32, num_heads=4, d_ff=64,
+        num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, positional=positional, max_len=32,
+    )
+    model = sf.Transformer(cfg).eval()
+    src = sources(torch.Generator().manual_seed(4))
+    tgt = torch.randint(3, 25, (src.shape[0], 6), generator=torch.Generator().manual_seed(5))
+    memory = model.encode(src)
+    full = model.decode(tgt, memory, src != PAD)
+    cache = model.decoder.new_cache()
+    chunks = [model.decode(tgt[:, a:b], memory, src != PAD, cache=cache) for a, b in [(0, 3), (3, 4), (4, 6)]]
+    assert len(cache) == 6
+    assert (torch.cat(chunks, dim=1) - full).abs().max().item() <= 1e-5
+
+
+def test_bos_equal_to_pad_decodes_the_same_cached_and_uncached() -> None:
+    """T5's convention (decoder start = pad): no target padding mask hides the start token."""
+    model = random_model(5)
+    src = sources(torch.Generator().manual_seed(5))
+    cached, lc = sf.greedy_decode(model, src, bos_id=PAD, eos_id=EOS, return_logits=True)
+    plain, lp = sf.greedy_decode(model, src, bos_id=PAD, eos_id=EOS, use_cache=False, return_logits=True)
+    assert torch.equal(cached, plain)
+    assert (lc[:, 0] - lp[:, 0]).abs().max().item() <= 1e-5

@@ -136,7 +136,7 @@ def test_transformer_matches_torch(variant: str) -> None:
     src = padded_tokens(4, 9, ours.config.src_vocab_size, gen)
     tgt = padded_tokens(4, 7, ours.config.tgt_vocab_size, gen)
 
-    logits = ours(src, tgt)  # padding masks derived from pad_id
+    logits = ours(src, tgt, tgt_padding_mask=tgt != PAD)  # source padding mask derived from pad_id
     assert logits.shape == (4, 7, ours.config.tgt_vocab_size)
     ref_logits = ref(src, tgt, src != PAD, tgt != PAD)
     assert max_diff(logits, ref_logits) <= TOL
@@ -144,6 +144,17 @@ def test_transformer_matches_torch(variant: str) -> None:
     backward_with(logits)
     backward_with(ref_logits)
     assert max_grad_diff(pairs) <= TOL
+
+
+def test_target_padding_mask_changes_nothing_at_real_positions() -> None:
+    """With right padding the causal mask already hides padding from every real position."""
+    ours, _, _ = build("postLN-paper")
+    gen = torch.Generator().manual_seed(8)
+    src, tgt = padded_tokens(4, 9, 23, gen), padded_tokens(4, 7, 19, gen)
+    assert (tgt == PAD).any()
+    real = (tgt != PAD)[..., None]
+    with_mask, without = ours(src, tgt, tgt_padding_mask=tgt != PAD), ours(src, tgt)
+    assert max_diff(with_mask * real, without * real) <= 1e-6
 
 
 def test_encode_decode_equal_forward() -> None:

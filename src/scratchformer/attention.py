@@ -23,6 +23,23 @@ from scratchformer.validation import check_features
 __all__ = ["KVCache", "MultiHeadAttention", "scaled_dot_product_attention"]
 
 
+def _check_kernel_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected shape (B, H, L, d) (4 dims), got {tuple(t.shape)}")
+    if k.shape[:-1] != v.shape[:-1] or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q, k, v: expected (B, H, T, d_k), (B, H, S, d_k), (B, H, S, d_v), got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask: expected dtype torch.bool (True = may attend), got {mask.dtype}")
+        target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if mask.dim() != 4 or any(m not in (1, t) for m, t in zip(mask.shape, target)):
+            raise ValueError(f"mask: expected a shape broadcastable to (B, H, T, S)={target}, got {tuple(mask.shape)}")
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -56,6 +73,7 @@ def scaled_dot_product_attention(
     attend everywhere, then their result is zeroed. This avoids both failure modes of the usual
     tricks: -inf everywhere gives softmax 0/0 = NaN, and -1e9 overflows to -inf in fp16.
     """
+    _check_kernel_inputs(q, k, v, mask)
     T, S = q.shape[-2], k.shape[-2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if is_causal and (mask is not None or need_weights or T != S):
@@ -68,10 +86,11 @@ def scaled_dot_product_attention(
         mask = mask | ~row_has_key
 
     if need_weights:
-        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+        scores = torch.matmul(q * scale, k.transpose(-2, -1))  # (B, H, T, S); scale first: no fp16 overflow
         if mask is not None:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        half = scores.dtype in (torch.float16, torch.bfloat16)
+        weights = torch.softmax(scores.float() if half else scores, dim=-1).to(q.dtype)  # fp16/bf16: in fp32
         out = torch.matmul(F.dropout(weights, dropout_p) if dropout_p > 0 else weights, v)
     else:
         out = F.scaled_dot_product_attention(
@@ -132,6 +151,17 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform, W^Q, W^K, W^V with gain 1/sqrt(2) (the std torch.nn gets from its packed
+        3D x D in_proj, and what fairseq uses); zero biases, as torch.nn.MultiheadAttention."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """(B, L, D) -> (B, H, L, d_k)."""
@@ -139,11 +169,22 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, L, self.num_heads, self.d_k).transpose(1, 2)
 
     def _keys_values(
-        self, key: Tensor, value: Tensor, cache: KVCache | None, static_kv: bool
+        self, key: Tensor | None, value: Tensor | None, batch: int, cache: KVCache | None, static_kv: bool
     ) -> tuple[Tensor, Tensor]:
         """Project key/value (B, S_new, D) to heads (B, H, S, d_k), reading and updating the cache."""
+        if cache is not None and cache.k is not None and cache.k.shape[0] != batch:
+            raise ValueError(
+                f"cache: holds keys for batch size {cache.k.shape[0]}, but the input has batch size "
+                f"{batch} (reorder the cache and its inputs together)"
+            )
         if cache is not None and static_kv and cache.k is not None and cache.v is not None:
+            if key is not None and key.shape[1] != cache.k.shape[2]:
+                raise ValueError(
+                    f"memory: the cache holds keys/values of a memory of length {cache.k.shape[2]}, got "
+                    f"length {key.shape[1]}; use a new cache for a new memory"
+                )
             return cache.k, cache.v  # cross-attention: the memory was projected on the first step
+        assert key is not None and value is not None
         k = self._split_heads(self.k_proj(key))
         v = self._split_heads(self.v_proj(value))
         if cache is not None:
@@ -178,17 +219,21 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the (B, H, T, S) attention probabilities.
             cache: incremental decoding state, updated in place. Without ``static_kv`` the new
                 keys/values are appended to it; with ``static_kv`` (cross-attention) they are
-                computed on the first call and reused afterwards.
+                computed on the first call and reused afterwards: pass the same memory (or None)
+                on later calls, and a new cache for a new memory.
 
         Returns:
             (B, T, D) output and the (B, H, T, S) weights or None.
         """
-        key = query if key is None else key
-        value = key if value is None else value
         check_features("query", query, "(B, T, D)", self.d_model)
         B, T = query.shape[0], query.shape[1]
         reuse = cache is not None and static_kv and cache.k is not None
-        if not reuse:
+        if key is None and not reuse:
+            if static_kv:
+                raise ValueError("key: cross-attention (static_kv) needs the memory (B, S, D) on its first call")
+            key = query  # self-attention
+        value = key if value is None else value
+        if key is not None and value is not None:
             check_features("key", key, "(B, S, D)", self.d_model, batch=B)
             check_features("value", value, "(B, S, D)", self.d_model, batch=B)
             if value.shape[1] != key.shape[1]:
@@ -197,7 +242,7 @@ class MultiHeadAttention(nn.Module):
                 )
 
         q = self._split_heads(self.q_proj(query))  # (B, H, T, d_k)
-        k, v = self._keys_values(key, value, cache, static_kv)  # (B, H, S, d_k)
+        k, v = self._keys_values(key, value, B, cache, static_kv)  # (B, H, S, d_k)
         S = k.shape[2]
 
         mask = expand_attention_mask(key_padding_mask, attn_mask, B, self.num_heads, T, S)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,6 +30,41 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sentence_encoder(args: argparse.Namespace):
+    from scratchformer.pretrained import SentenceEncoder
+
+    if not args.model:
+        raise SystemExit("error: --model DIR is required (or set SCRATCHFORMER_MODEL)")
+    return SentenceEncoder.from_pretrained(args.model)
+
+
+def _embed(args: argparse.Namespace) -> int:
+    import json
+
+    texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
+    vectors = _sentence_encoder(args).encode(texts, batch_size=args.batch_size).tolist()
+    if args.json:
+        print(json.dumps([{"text": t, "embedding": v} for t, v in zip(texts, vectors)]))
+    else:
+        for vector in vectors:
+            print(" ".join(f"{x:.6f}" for x in vector))
+    return 0
+
+
+def _similarity(args: argparse.Namespace) -> int:
+    print(f"{_sentence_encoder(args).similarity(args.a, args.b):.4f}")
+    return 0
+
+
+def _add_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("SCRATCHFORMER_MODEL"),
+        help="BERT-family checkpoint directory (config.json, model.safetensors, tokenizer.json); "
+        "default $SCRATCHFORMER_MODEL",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scratchformer",
@@ -43,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
+
+    embed = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT-family checkpoint")
+    _add_model_argument(embed)
+    embed.add_argument("texts", nargs="*", help="texts to embed (default: one per line on stdin)")
+    embed.add_argument("--json", action="store_true", help='print [{"text": ..., "embedding": [...]}, ...]')
+    embed.add_argument("--batch-size", type=int, default=32)
+    embed.set_defaults(func=_embed)
+
+    similarity = sub.add_parser("similarity", help="cosine similarity of two texts' sentence embeddings")
+    _add_model_argument(similarity)
+    similarity.add_argument("a")
+    similarity.add_argument("b")
+    similarity.set_defaults(func=_similarity)
     return parser
 
 

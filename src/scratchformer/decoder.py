@@ -21,7 +21,7 @@ from scratchformer.attention import KVCache, MultiHeadAttention
 from scratchformer.feedforward import PositionwiseFeedForward
 from scratchformer.layer_norm import LayerNorm
 
-__all__ = ["DecoderLayer", "Decoder", "DecoderCache", "DecoderLayerCache"]
+__all__ = ["Decoder", "DecoderCache", "DecoderLayer", "DecoderLayerCache"]
 
 
 @dataclass

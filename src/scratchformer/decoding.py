@@ -7,6 +7,8 @@ prefix (for tests and benchmarks only).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -48,6 +50,13 @@ def greedy_decode(
         (B, L) generated ids without the BOS, ending with EOS (then pad, or EOS when the
         config has no pad_id) for finished sentences; and the logits if asked.
     """
+    if eos_id == model.config.pad_id:
+        raise ValueError(f"eos_id={eos_id} equals the model's pad_id: padding is never generated, so EOS could not be")
+    for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if not 0 <= token < model.config.tgt_vocab_size:
+            raise ValueError(f"{name}={token} is outside the target vocabulary [0, {model.config.tgt_vocab_size})")
+    if model.training:
+        warnings.warn("greedy_decode: the model is in training mode (dropout on); call model.eval() first", stacklevel=2)
     if src_padding_mask is None:
         src_padding_mask = model.source_padding_mask(src)
     memory = model.encode(src, src_padding_mask)

@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from scratchformer.validation import check_tokens
+
 __all__ = ["TokenEmbedding"]
 
 
@@ -19,7 +21,8 @@ class TokenEmbedding(nn.Module):
     Args:
         vocab_size: V, the number of token ids.
         d_model: D, the model width.
-        padding_idx: id whose vector starts at zero and receives no gradient (optional).
+        padding_idx: id whose vector starts at zero and gets no gradient from the lookup
+            (a tied output projection still updates it).
         scale: multiply by sqrt(D) as in the paper (BERT-style models set False).
     """
 
@@ -33,15 +36,17 @@ class TokenEmbedding(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # N(0, D^-1/2): after the sqrt(D) scaling the vectors have unit variance, and a tied
-        # output projection starts with logits of unit scale (as in fairseq).
-        nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5)
+        # Scaled (paper): N(0, D^-1/2), so that after the sqrt(D) scaling the vectors have unit
+        # variance and a tied output projection starts with logits of unit scale (as fairseq).
+        # Unscaled (BERT): N(0, 0.02), BERT's initializer_range.
+        nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5 if self.scale != 1.0 else 0.02)
         if self.padding_idx is not None:
             with torch.no_grad():
                 self.weight[self.padding_idx].zero_()
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, L) integer ids -> (B, L, D)."""
+        check_tokens("tokens", tokens, self.vocab_size)
         out = nn.functional.embedding(tokens, self.weight, self.padding_idx)
         return out * self.scale if self.scale != 1.0 else out
 

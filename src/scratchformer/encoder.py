@@ -18,7 +18,7 @@ from scratchformer.attention import MultiHeadAttention
 from scratchformer.feedforward import PositionwiseFeedForward
 from scratchformer.layer_norm import LayerNorm
 
-__all__ = ["EncoderLayer", "Encoder"]
+__all__ = ["Encoder", "EncoderLayer"]
 
 
 class EncoderLayer(nn.Module):

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from scratchformer.validation import check_last_dim
+
 __all__ = ["PositionwiseFeedForward"]
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
@@ -35,7 +37,10 @@ class PositionwiseFeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)  # W1, b1
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W2, b2
         self.dropout = nn.Dropout(dropout)
+        nn.init.xavier_uniform_(self.linear1.weight)  # as torch.nn.Transformer; biases keep nn.Linear's init
+        nn.init.xavier_uniform_(self.linear2.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, L, D) -> (B, L, D)."""
+        check_last_dim("x", x, self.linear1.in_features, "(B, L, D)")
         return self.linear2(self.dropout(_ACTIVATIONS[self.activation](self.linear1(x))))

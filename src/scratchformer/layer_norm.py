@@ -3,13 +3,15 @@
     y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta
 
 over the last dimension, with the biased variance and eps inside the square root, exactly as
-``torch.nn.LayerNorm``. Statistics are computed in float32 even under fp16/bf16 autocast.
+``torch.nn.LayerNorm``. Statistics of fp16/bf16 inputs are computed in float32.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from scratchformer.validation import check_last_dim
 
 __all__ = ["LayerNorm"]
 
@@ -30,11 +32,12 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., D) -> (..., D)."""
-        h = x.float()
+        check_last_dim("x", x, self.weight.shape[0])
+        h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp16/bf16: stats in fp32
         mean = h.mean(dim=-1, keepdim=True)
         var = (h - mean).pow(2).mean(dim=-1, keepdim=True)  # biased: divide by D
         h = (h - mean) * torch.rsqrt(var + self.eps)
-        return (h * self.weight.float() + self.bias.float()).to(x.dtype)
+        return (h * self.weight.to(h.dtype) + self.bias.to(h.dtype)).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

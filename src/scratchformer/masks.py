@@ -27,7 +27,7 @@ from torch import Tensor
 
 from scratchformer.validation import check_mask
 
-__all__ = ["padding_mask", "causal_mask", "combine_masks", "expand_attention_mask"]
+__all__ = ["causal_mask", "combine_masks", "expand_attention_mask", "padding_mask"]
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -62,6 +62,14 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
             continue
         if mask.dtype != torch.bool:
             raise TypeError(f"combine_masks: mask {i} must be torch.bool, got {mask.dtype}")
+        if result is not None:
+            try:
+                torch.broadcast_shapes(result.shape, mask.shape)
+            except RuntimeError:
+                raise ValueError(
+                    f"combine_masks: mask {i} of shape {tuple(mask.shape)} does not broadcast with "
+                    f"the masks before it, combined shape {tuple(result.shape)}"
+                ) from None
         result = mask if result is None else result & mask
     return result
 

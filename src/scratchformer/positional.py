@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "sinusoidal_table"]
+from scratchformer.validation import check_features
+
+__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "sinusoidal_table"]
 
 
 def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -49,6 +51,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, L, D) -> x + PE[offset : offset + L], same shape and dtype."""
+        check_features("x", x, "(B, L, D)", self.d_model)
         end = offset + x.shape[1]
         if end > self.table.shape[0]:
             self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model).to(self.table.device)
@@ -71,6 +74,7 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, L, D) -> x + P[offset : offset + L]."""
+        check_features("x", x, "(B, L, D)", self.weight.shape[1])
         end = offset + x.shape[1]
         if end > self.max_len:
             raise ValueError(

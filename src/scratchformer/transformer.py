@@ -22,7 +22,7 @@ from scratchformer.masks import padding_mask
 from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from scratchformer.validation import check_features, check_mask, check_tokens
 
-__all__ = ["TransformerConfig", "Transformer"]
+__all__ = ["Transformer", "TransformerConfig"]
 
 
 @dataclass
@@ -66,9 +66,12 @@ class TransformerConfig:
     pad_id: int | None = 0
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "max_len", "layer_norm_eps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)"
@@ -139,16 +142,10 @@ class Transformer(nn.Module):
             LayerNorm(c.d_model, c.layer_norm_eps) if final_norm else None,
         )
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size, bias=not c.tie_output)
-        self._reset_parameters()
         if c.tie_output:
             self.generator.weight = self.tgt_embed.weight
-
-    def _reset_parameters(self) -> None:
-        """Xavier-uniform for every weight matrix of the stacks and the output (as torch.nn.Transformer)."""
-        for module in (self.encoder, self.decoder, self.generator):
-            for p in module.parameters():
-                if p.dim() > 1:
-                    nn.init.xavier_uniform_(p)
+        else:
+            nn.init.xavier_uniform_(self.generator.weight)
 
     def num_parameters(self) -> int:
         """Trainable parameters, shared matrices counted once."""
@@ -188,8 +185,9 @@ class Transformer(nn.Module):
             tgt: (B, T) token ids; with a ``cache``, only the new tokens.
             memory: (B, S, D) from :meth:`encode`.
             src_padding_mask: (B, S) bool, True at real source tokens (None: no source padding).
-            tgt_padding_mask: (B, T) bool, True at real target tokens; defaults to
-                ``tgt != pad_id`` when there is no cache.
+            tgt_padding_mask: (B, T) bool, True at real target tokens. Not needed for right-padded
+                targets: the causal mask already hides every later (padding) position from the
+                real ones, so by default no target padding mask is applied.
             cache: incremental state from ``model.decoder.new_cache()``, updated in place.
 
         Returns:
@@ -206,8 +204,6 @@ class Transformer(nn.Module):
         if src_padding_mask is not None:
             check_mask("src_padding_mask", src_padding_mask, [tuple(memory.shape[:2])], ["(B, S)"])
         self._check_padding_mask("tgt_padding_mask", tgt_padding_mask, tgt)
-        if tgt_padding_mask is None and cache is None and self.config.pad_id is not None:
-            tgt_padding_mask = padding_mask(tgt, self.config.pad_id)
         if cache is not None and tgt_padding_mask is not None:
             raise ValueError("tgt_padding_mask is not supported with a cache (incremental decoding)")
         x = self.dropout(self.tgt_pos(self.tgt_embed(tgt), offset=offset))
@@ -229,8 +225,9 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """src (B, S), tgt (B, T) token ids -> (B, T, V_tgt) logits (teacher forcing).
 
-        Padding masks (B, S) / (B, T) bool, True at real tokens, default to ``!= pad_id``; the
-        decoder's self-attention is always causal.
+        ``src_padding_mask`` (B, S) bool, True at real tokens, defaults to ``src != pad_id``;
+        ``tgt_padding_mask`` (B, T) is optional (see :meth:`decode`); the decoder's
+        self-attention is always causal.
         """
         memory = self.encode(src, src_padding_mask)
         if src_padding_mask is None:

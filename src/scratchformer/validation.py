@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["check_features", "check_mask", "check_tokens"]
+__all__ = ["check_features", "check_last_dim", "check_mask", "check_tokens"]
 
 _INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -32,6 +32,14 @@ def check_features(name: str, x: Tensor, letters: str, width: int, batch: int | 
         raise ValueError(f"{name}: expected shape {letters} with last dim {width}, got {_shape(x)}")
     if batch is not None and x.shape[0] != batch:
         raise ValueError(f"{name}: expected batch size B={batch} in {letters}, got {_shape(x)}")
+
+
+def check_last_dim(name: str, x: Tensor, width: int, letters: str = "(..., D)") -> None:
+    """``x`` must be a floating tensor whose last dimension is ``width``."""
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor {letters}, got dtype {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] != width:
+        raise ValueError(f"{name}: expected shape {letters} with last dim {width}, got {_shape(x)}")
 
 
 def check_tokens(name: str, tokens: Tensor, vocab_size: int, max_len: int | None = None) -> None:

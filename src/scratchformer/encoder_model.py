@@ -1,0 +1,185 @@
+"""A stand-alone contextual encoder: embeddings + the paper's encoder stack.
+
+One vector per token, in context: the left half of figure 1 on its own. The same configuration
+expresses the paper's encoder (scaled token embedding + sinusoidal positions) and the BERT
+family (learned positions, token-type embeddings, a LayerNorm on the embeddings, exact GELU,
+LayerNorm eps 1e-12, post-LN) without a second copy of the layer code: both use
+:class:`~scratchformer.EncoderLayer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from scratchformer.embedding import TokenEmbedding
+from scratchformer.encoder import Encoder, EncoderLayer
+from scratchformer.layer_norm import LayerNorm
+from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from scratchformer.validation import check_mask, check_tokens
+
+__all__ = ["ContextualEncoder", "EncoderConfig", "EncoderEmbedding"]
+
+
+@dataclass
+class EncoderConfig:
+    """Hyper-parameters of :class:`ContextualEncoder`.
+
+    Attributes:
+        vocab_size: V.  d_model: D.  num_heads: H.  num_layers: N.  d_ff: feed-forward width.
+        dropout: everywhere (embeddings, sub-layers, attention, FFN).
+        activation: "relu" or "gelu" (exact, as BERT's "gelu").
+        norm_first: False = post-LN (paper, BERT), True = pre-LN.
+        final_norm: LayerNorm after the stack; None means "if norm_first".
+        layer_norm_eps: 1e-5 (PyTorch) or 1e-12 (BERT).
+        max_len: longest input; also the learned position table's size.
+        positional: "learned" (BERT) or "sinusoidal" (paper).
+        type_vocab_size: number of token types (segments); 0 = no token-type embedding.
+        embedding_norm: LayerNorm on the summed embeddings (BERT).
+        scale_embedding: multiply token vectors by sqrt(D) (paper); BERT does not.
+        pad_id: padding id (None: no padding).
+        pooler: BERT's pooler, tanh(W h_[CLS] + b).
+    """
+
+    vocab_size: int
+    d_model: int = 256
+    num_heads: int = 4
+    num_layers: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.1
+    activation: str = "gelu"
+    norm_first: bool = False
+    final_norm: bool | None = None
+    layer_norm_eps: float = 1e-5
+    max_len: int = 512
+    positional: str = "learned"
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    scale_embedding: bool = True
+    pad_id: int | None = 0
+    pooler: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len", "layer_norm_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_layers < 0:
+            raise ValueError(f"num_layers must be >= 0, got {self.num_layers}")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)"
+            )
+        if self.positional not in ("sinusoidal", "learned"):
+            raise ValueError(f"positional: expected 'sinusoidal' or 'learned', got {self.positional!r}")
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"activation: expected 'relu' or 'gelu', got {self.activation!r}")
+        if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"EncoderConfig: unknown fields {unknown}")
+        return cls(**data)
+
+
+class EncoderEmbedding(nn.Module):
+    """token (+ token type) + position, then an optional LayerNorm, then dropout: (B, L) -> (B, L, D)."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.token = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id, scale=c.scale_embedding)
+        self.position: nn.Module = (
+            LearnedPositionalEmbedding(c.max_len, c.d_model)
+            if c.positional == "learned"
+            else SinusoidalPositionalEncoding(c.d_model, c.max_len)
+        )
+        self.token_type = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        if self.token_type is not None:
+            nn.init.normal_(self.token_type.weight, std=0.02)
+        self.norm = LayerNorm(c.d_model, c.layer_norm_eps) if c.embedding_norm else None
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, tokens: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """tokens (B, L); token_type_ids (B, L) segment ids (default all 0) -> (B, L, D)."""
+        x = self.token(tokens)
+        if self.token_type is not None:
+            types = torch.zeros_like(tokens) if token_type_ids is None else token_type_ids
+            x = x + self.token_type(types)
+        x = self.position(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)
+
+
+class ContextualEncoder(nn.Module):
+    """Token ids -> contextual vectors (B, L, D), optionally with every layer's hidden states."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.config = c = config
+        self.embeddings = EncoderEmbedding(c)
+        final_norm = c.norm_first if c.final_norm is None else c.final_norm
+        self.encoder = Encoder(
+            [
+                EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps)
+                for _ in range(c.num_layers)
+            ],
+            LayerNorm(c.d_model, c.layer_norm_eps) if final_norm else None,
+        )
+        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        padding_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Encode a padded batch.
+
+        Args:
+            tokens: (B, L) token ids.
+            padding_mask: (B, L) bool, True at real tokens; defaults to ``tokens != pad_id``.
+            token_type_ids: (B, L) segment ids in [0, type_vocab_size).
+            output_hidden_states: also return the N + 1 hidden states (the embedding output,
+                then each layer's output), as Hugging Face's ``output_hidden_states``.
+
+        Returns:
+            (B, L, D), and the list of hidden states if asked.
+        """
+        c = self.config
+        check_tokens("tokens", tokens, c.vocab_size, c.max_len)
+        if padding_mask is not None:
+            check_mask("padding_mask", padding_mask, [tuple(tokens.shape)], ["(B, L)"])
+        elif c.pad_id is not None:
+            padding_mask = tokens != c.pad_id
+        if token_type_ids is not None:
+            if c.type_vocab_size == 0:
+                raise ValueError("token_type_ids given, but the config has type_vocab_size=0")
+            check_tokens("token_type_ids", token_type_ids, c.type_vocab_size)
+            if token_type_ids.shape != tokens.shape:
+                raise ValueError(
+                    f"token_type_ids: expected the shape of tokens (B, L)={tuple(tokens.shape)}, "
+                    f"got {tuple(token_type_ids.shape)}"
+                )
+        x = self.embeddings(tokens, token_type_ids)
+        return self.encoder(x, key_padding_mask=padding_mask, output_hidden_states=output_hidden_states)
+
+    def pool(self, hidden: Tensor) -> Tensor:
+        """BERT's pooler on the first ([CLS]) position: (B, L, D) -> (B, D)."""
+        if self.pooler is None:
+            raise ValueError("this encoder has no pooler (EncoderConfig.pooler=False)")
+        return torch.tanh(self.pooler(hidden[:, 0]))
+
