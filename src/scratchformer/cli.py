@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -31,11 +30,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sentence_encoder(args: argparse.Namespace):
-    from scratchformer.pretrained import SentenceEncoder
+    from scratchformer.pretrained import SentenceEncoder, default_model_dir
 
-    if not args.model:
-        raise SystemExit("error: --model DIR is required (or set SCRATCHFORMER_MODEL)")
-    return SentenceEncoder.from_pretrained(args.model)
+    model = args.model or default_model_dir()
+    if model is None:
+        raise SystemExit(
+            "error: --model DIR is required (or set SCRATCHFORMER_MODEL, or pip install -e '.[pretrained]')"
+        )
+    return SentenceEncoder.from_pretrained(model)
 
 
 def _embed(args: argparse.Namespace) -> int:
@@ -59,9 +61,8 @@ def _similarity(args: argparse.Namespace) -> int:
 def _add_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        default=os.environ.get("SCRATCHFORMER_MODEL"),
         help="BERT-family checkpoint directory (config.json, model.safetensors, tokenizer.json); "
-        "default $SCRATCHFORMER_MODEL",
+        "default $SCRATCHFORMER_MODEL, else all-MiniLM-L6-v2 from the 'pretrained' extra",
     )
 
 

