@@ -31,6 +31,8 @@ class EncoderLayer(nn.Module):
         norm_first: False = post-LN (paper), True = pre-LN.
         layer_norm_eps: LayerNorm epsilon.
         bias: biases in the linear maps.
+        attention_dropout: dropout on the attention probabilities; None = ``dropout`` (paper,
+            torch.nn). 0 lets the fused attention kernel run and saves much time on CPU.
     """
 
     def __init__(
@@ -43,10 +45,12 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
+        attention_dropout: float | None = None,
     ):
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout, bias=bias)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias=bias)
         self.norm1 = LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps)

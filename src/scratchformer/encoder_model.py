@@ -32,6 +32,7 @@ class EncoderConfig:
     Attributes:
         vocab_size: V.  d_model: D.  num_heads: H.  num_layers: N.  d_ff: feed-forward width.
         dropout: everywhere (embeddings, sub-layers, attention, FFN).
+        attention_dropout: on the attention probabilities; None = ``dropout``.
         activation: "relu" or "gelu" (exact, as BERT's "gelu").
         norm_first: False = post-LN (paper, BERT), True = pre-LN.
         final_norm: LayerNorm after the stack; None means "if norm_first".
@@ -51,6 +52,7 @@ class EncoderConfig:
     num_layers: int = 4
     d_ff: int = 1024
     dropout: float = 0.1
+    attention_dropout: float | None = None
     activation: str = "gelu"
     norm_first: bool = False
     final_norm: bool | None = None
@@ -130,7 +132,8 @@ class ContextualEncoder(nn.Module):
         final_norm = c.norm_first if c.final_norm is None else c.final_norm
         self.encoder = Encoder(
             [
-                EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps)
+                EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps,
+                             attention_dropout=c.attention_dropout)
                 for _ in range(c.num_layers)
             ],
             LayerNorm(c.d_model, c.layer_norm_eps) if final_norm else None,

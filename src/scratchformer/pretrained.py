@@ -117,6 +117,7 @@ def bert_config(hf_config: dict[str, Any], pooler: bool = True) -> EncoderConfig
             num_layers=hf_config["num_hidden_layers"],
             d_ff=hf_config["intermediate_size"],
             dropout=hf_config.get("hidden_dropout_prob", 0.1),
+            attention_dropout=hf_config.get("attention_probs_dropout_prob", 0.1),
             activation=act,
             norm_first=False,
             layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12),

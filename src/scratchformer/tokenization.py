@@ -1,8 +1,9 @@
 """Text to padded tensors with a Hugging Face ``tokenizers`` tokenizer (WordPiece, BPE, ...).
 
 The tokenizer itself (normalisation, pre-tokenisation, the subword model, [CLS]/[SEP] templates)
-is Hugging Face's; this wrapper adds what the models need: truncation to a maximum length,
-padding to the longest sequence of the batch, and the (B, L) tensors with a bool padding mask.
+is Hugging Face's; this wrapper adds what the models need: truncation to a maximum length (the
+head, or head + tail as Sun et al. 2019 found best for long reviews), padding to the longest
+sequence of the batch, and the (B, L) tensors with a bool padding mask.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torch import Tensor
 
-__all__ = ["TextTokenizer", "TokenBatch"]
+__all__ = ["SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "train_wordpiece"]
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TRUNCATIONS = ("head", "head_tail")
 
 _PAD_CANDIDATES = ("[PAD]", "<pad>", "<PAD>")
 
@@ -40,11 +44,27 @@ class TextTokenizer:
         tokenizer: a Hugging Face ``tokenizers.Tokenizer``.
         max_length: longest output sequence, special tokens included.
         pad_token: the padding token; by default the tokenizer's own, else "[PAD]" or "<pad>".
+        truncation: "head" keeps the first ``max_length`` tokens; "head_tail" keeps the first
+            ``head_length`` and the last ``max_length - head_length`` (the [CLS] at the start and
+            the [SEP] at the end survive either way).
+        head_length: for "head_tail"; default ``max_length // 4``.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int, pad_token: str | None = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_length: int,
+        pad_token: str | None = None,
+        truncation: str = "head",
+        head_length: int | None = None,
+    ):
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
+        if truncation not in TRUNCATIONS:
+            raise ValueError(f"truncation: expected one of {TRUNCATIONS}, got {truncation!r}")
+        head_length = max_length // 4 if head_length is None else head_length
+        if truncation == "head_tail" and not 0 < head_length < max_length:
+            raise ValueError(f"head_length must be in (0, max_length={max_length}), got {head_length}")
         if pad_token is None:
             configured = tokenizer.padding
             candidates = ([configured["pad_token"]] if configured else []) + list(_PAD_CANDIDATES)
@@ -58,16 +78,26 @@ class TextTokenizer:
         self.max_length = max_length
         self.pad_token = pad_token
         self.pad_id: int = pad_id
-        tokenizer.enable_truncation(max_length=max_length)
-        tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)  # to the longest in the batch
+        self.truncation = truncation
+        self.head_length = head_length
+        tokenizer.no_padding()  # we pad ourselves, to the longest sequence of each batch
+        if truncation == "head":
+            tokenizer.enable_truncation(max_length=max_length)
+        else:
+            tokenizer.no_truncation()
 
     @classmethod
-    def from_file(cls, path: str | Path, max_length: int, pad_token: str | None = None) -> TextTokenizer:
-        """Load a ``tokenizer.json``."""
+    def from_file(cls, path: str | Path, max_length: int, pad_token: str | None = None, **kwargs) -> TextTokenizer:
+        """Load a ``tokenizer.json`` (keyword arguments as the constructor's)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return cls(Tokenizer.from_file(str(path)), max_length, pad_token)
+        return cls(Tokenizer.from_file(str(path)), max_length, pad_token, **kwargs)
+
+    def settings(self) -> dict[str, object]:
+        """What to store beside tokenizer.json to rebuild this wrapper."""
+        return {"max_length": self.max_length, "pad_token": self.pad_token,
+                "truncation": self.truncation, "head_length": self.head_length}
 
     def save(self, path: str | Path) -> None:
         self.tokenizer.save(str(path))
@@ -79,17 +109,59 @@ class TextTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
-    def __call__(self, texts: Sequence[str]) -> TokenBatch:
-        """Tokenize a batch of texts into padded (B, L) tensors."""
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, truncated, not padded."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts: expected a sequence of str (a list of texts, not one string)")
         if len(texts) == 0:
             raise ValueError("texts: expected at least one text, got an empty sequence")
-        encodings = self.tokenizer.encode_batch(list(texts))
-        ids = torch.tensor([e.ids for e in encodings], dtype=torch.long)
-        mask = torch.tensor([e.attention_mask for e in encodings], dtype=torch.bool)
-        types = torch.tensor([e.type_ids for e in encodings], dtype=torch.long)
-        return TokenBatch(ids, mask, types)
+        ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        if self.truncation == "head_tail":
+            tail = self.max_length - self.head_length
+            ids = [x if len(x) <= self.max_length else x[: self.head_length] + x[-tail:] for x in ids]
+        return ids
+
+    def pad(self, sequences: Sequence[Sequence[int]]) -> TokenBatch:
+        """Right-pad id lists to the longest: (B, L) ids, padding mask (True = real), zero type ids."""
+        longest = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), longest), self.pad_id, dtype=torch.long)
+        for i, s in enumerate(sequences):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        lengths = torch.tensor([len(s) for s in sequences])
+        mask = torch.arange(longest)[None, :] < lengths[:, None]
+        return TokenBatch(ids, mask, torch.zeros_like(ids))
+
+    def __call__(self, texts: Sequence[str]) -> TokenBatch:
+        """Tokenize a batch of texts into padded (B, L) tensors."""
+        return self.pad(self.encode(texts))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def train_wordpiece(
+    texts: Sequence[str], vocab_size: int, lowercase: bool = True, min_frequency: int = 2
+) -> Tokenizer:
+    """Train a BERT-style WordPiece tokenizer with Hugging Face ``tokenizers``.
+
+    HTML line breaks (``<br />``, as in IMDB reviews) become spaces; BERT's normaliser cleans
+    control characters, splits Chinese characters and (optionally) lowercases and strips accents;
+    every sequence becomes ``[CLS] ... [SEP]``.
+    """
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Replace(Regex(r"<br\s*/?>"), " "), normalizers.BertNormalizer(lowercase=lowercase)]
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS)
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer

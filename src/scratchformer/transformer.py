@@ -34,6 +34,7 @@ class TransformerConfig:
         d_model: D.  num_heads: H.  d_ff: feed-forward inner width.
         num_encoder_layers, num_decoder_layers: N of each stack.
         dropout: P_drop, everywhere (embeddings, sub-layers, attention, FFN).
+        attention_dropout: on the attention probabilities; None = ``dropout``.
         activation: "relu" (paper) or "gelu".
         norm_first: False = post-LN (paper), True = pre-LN.
         final_norm: LayerNorm after each stack; None means "if norm_first" (the usual choice;
@@ -54,6 +55,7 @@ class TransformerConfig:
     num_decoder_layers: int = 6
     d_ff: int = 2048
     dropout: float = 0.1
+    attention_dropout: float | None = None
     activation: str = "relu"
     norm_first: bool = False
     final_norm: bool | None = None
@@ -131,7 +133,8 @@ class Transformer(nn.Module):
         self.tgt_pos = _positional(c)
         self.dropout = nn.Dropout(c.dropout)
 
-        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps, c.bias)
+        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps, c.bias,
+                      c.attention_dropout)
         final_norm = c.norm_first if c.final_norm is None else c.final_norm
         self.encoder = Encoder(
             [EncoderLayer(*layer_args) for _ in range(c.num_encoder_layers)],

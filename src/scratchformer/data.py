@@ -1,0 +1,175 @@
+"""Labelled text files: JSONL or CSV (optionally .gz), or a Hugging Face ``datasets`` name.
+
+Bad data never passes silently: a malformed line or a label outside the classes is an error that
+names the file and line (or, with ``on_error="skip"``, a counted skip); empty texts are skipped
+and counted. The counts are reported in ``LabelledTexts.skipped``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LabelledTexts", "default_data_dir", "load_hf_dataset", "load_labelled_texts", "open_text"]
+
+
+def default_data_dir() -> Path:
+    """The shared data directory: $SCRATCHFORMER_DATA, else ../shared/data (from the repository root)."""
+    import os
+
+    return Path(os.environ.get("SCRATCHFORMER_DATA", "../shared/data"))
+
+
+@dataclass
+class LabelledTexts:
+    texts: list[str]
+    labels: list[int]  # class indices into label_names
+    label_names: list[str]
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices: Sequence[int]) -> LabelledTexts:
+        return LabelledTexts([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.label_names)
+
+
+def open_text(path: str | Path) -> io.TextIOBase:
+    """Open a text file for reading, transparently decompressing ``.gz``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, record or None if malformed, error message)."""
+    with open_text(path) as f:
+        if fmt == "csv":
+            for number, row in enumerate(csv.DictReader(f), start=2):
+                yield number, dict(row), ""
+            return
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield number, None, f"malformed JSON ({e.msg})"
+                continue
+            if not isinstance(record, dict):
+                yield number, None, "a JSON object per line is expected"
+                continue
+            yield number, record, ""
+
+
+def _normalise_label(raw: Any) -> int | str:
+    if isinstance(raw, bool):
+        return int(raw)
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, str):
+        s = raw.strip()
+        return int(s) if s.lstrip("-").isdigit() else s
+    raise ValueError(f"unsupported label {raw!r}")
+
+
+def load_labelled_texts(
+    path: str | Path,
+    text_field: str = "text",
+    label_field: str = "label",
+    label_names: Sequence[str] | None = None,
+    fmt: str | None = None,
+    on_error: str = "raise",
+) -> LabelledTexts:
+    """Read (text, label) pairs.
+
+    Args:
+        path: ``.jsonl``/``.json``/``.csv``, optionally ``.gz``.
+        text_field, label_field: the keys (JSONL) or column names (CSV).
+        label_names: the classes. Integer labels index them; string labels must be among them.
+            Default: integer labels 0..max, or the sorted distinct string labels.
+        fmt: "jsonl" or "csv"; default from the file name.
+        on_error: "raise" (default) or "skip" (count malformed lines and bad labels).
+    """
+    path = Path(path)
+    fmt = fmt or ("csv" if ".csv" in path.suffixes else "jsonl")
+    if fmt not in ("jsonl", "csv"):
+        raise ValueError(f"fmt: expected 'jsonl' or 'csv', got {fmt!r}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error: expected 'raise' or 'skip', got {on_error!r}")
+    skipped: Counter[str] = Counter()
+
+    def problem(number: int, message: str, kind: str) -> None:
+        if on_error == "raise":
+            raise ValueError(f"{path}:{number}: {message}")
+        skipped[kind] += 1
+
+    raw_rows: list[tuple[int, str, int | str]] = []
+    for number, record, error in _records(path, fmt):
+        if record is None:
+            problem(number, error, "malformed")
+            continue
+        if text_field not in record or label_field not in record:
+            problem(number, f"missing field {text_field!r} or {label_field!r} (has {sorted(record)})", "malformed")
+            continue
+        text = record[text_field]
+        if not isinstance(text, str):
+            problem(number, f"{text_field!r} is not a string", "malformed")
+            continue
+        if not text.strip():
+            skipped["empty text"] += 1
+            continue
+        try:
+            label = _normalise_label(record[label_field])
+        except ValueError as e:
+            problem(number, str(e), "bad label")
+            continue
+        raw_rows.append((number, text, label))
+
+    if label_names is None:
+        values = {label for _, _, label in raw_rows}
+        if all(isinstance(v, int) for v in values):
+            label_names = [str(i) for i in range(max(values, default=-1) + 1)]
+        else:
+            label_names = sorted(str(v) for v in values)
+    names = list(label_names)
+    index = {name: i for i, name in enumerate(names)}
+    texts, labels = [], []
+    for number, text, label in raw_rows:
+        if isinstance(label, int):
+            if not 0 <= label < len(names):
+                problem(number, f"label {label} is outside the classes [0, {len(names)}) {names}", "bad label")
+                continue
+            labels.append(label)
+        elif label in index:
+            labels.append(index[label])
+        else:
+            problem(number, f"label {label!r} is not one of the classes {names}", "bad label")
+            continue
+        texts.append(text)
+    if not texts:
+        raise ValueError(f"{path}: no usable examples (skipped: {dict(skipped)})")
+    return LabelledTexts(texts, labels, names, dict(skipped))
+
+
+def load_hf_dataset(name: str, split: str, text_field: str = "text", label_field: str = "label") -> LabelledTexts:
+    """A Hugging Face ``datasets`` split (needs ``pip install datasets`` and network or a cache)."""
+    import datasets  # type: ignore[import-not-found]
+
+    ds = datasets.load_dataset(name, split=split)
+    feature = ds.features[label_field]
+    names = list(feature.names) if hasattr(feature, "names") else sorted({str(x) for x in ds[label_field]})
+    texts, labels = list(ds[text_field]), [int(x) for x in ds[label_field]]
+    return LabelledTexts(texts, labels, names)

@@ -1,0 +1,252 @@
+"""Text classification end to end: recipe -> tokenizer -> TextClassifier -> Trainer -> metrics.
+
+    recipe = ClassifierRecipe.from_json("recipes/imdb.json")
+    report = train_classifier(recipe)              # trains, keeps the best checkpoint, tests it
+    clf = load_classifier("runs/imdb/best")
+    clf.predict(["A wonderful film.", "Two hours I will never get back."])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from scratchformer.batching import length_bucketed_batches
+from scratchformer.classifier import ClassifierConfig, TextClassifier
+from scratchformer.data import LabelledTexts, load_labelled_texts
+from scratchformer.encoder_model import EncoderConfig
+from scratchformer.tokenization import TextTokenizer, train_wordpiece
+from scratchformer.training import TrainConfig, Trainer, load_config, load_weights, resolve_device
+from scratchformer.training.checkpoint import resolve_checkpoint
+
+__all__ = [
+    "ClassificationTask",
+    "ClassifierRecipe",
+    "LoadedClassifier",
+    "classification_metrics",
+    "load_classifier",
+    "predict_proba",
+    "train_classifier",
+]
+
+
+def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], label_names: Sequence[str]) -> dict[str, Any]:
+    """Accuracy, per-class precision/recall/F1, macro F1, and the confusion matrix [true][pred]."""
+    k = len(label_names)
+    confusion = [[0] * k for _ in range(k)]
+    for t, p in zip(y_true, y_pred):
+        confusion[t][p] += 1
+    per_class = {}
+    for c, name in enumerate(label_names):
+        tp = confusion[c][c]
+        predicted = sum(confusion[r][c] for r in range(k))
+        actual = sum(confusion[c])
+        precision = tp / predicted if predicted else 0.0
+        recall = tp / actual if actual else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        per_class[name] = {"precision": precision, "recall": recall, "f1": f1, "support": actual}
+    n = len(y_true)
+    return {
+        "accuracy": sum(confusion[c][c] for c in range(k)) / n if n else 0.0,
+        "macro_f1": sum(m["f1"] for m in per_class.values()) / k,
+        "per_class": per_class,
+        "confusion": confusion,
+        "n": n,
+    }
+
+
+@torch.no_grad()
+def predict_proba(
+    model: TextClassifier, tokenizer: TextTokenizer, ids: Sequence[Sequence[int]], batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """Class probabilities (N, C) for tokenized texts, batched by length, in the input order."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    probs = torch.empty(len(ids), model.config.num_classes)
+    for start in range(0, len(ids), batch_size):
+        index = order[start : start + batch_size]
+        batch = tokenizer.pad([ids[i] for i in index]).to(device)
+        probs[index] = torch.softmax(model(batch.ids, batch.padding_mask).float(), dim=-1).cpu()
+    return probs
+
+
+class ClassificationTask:
+    """The classification :class:`~scratchformer.training.TrainingTask`: cross-entropy on real labels."""
+
+    def __init__(self, tokenizer: TextTokenizer, train: LabelledTexts, valid: LabelledTexts,
+                 model_config: ClassifierConfig, batch_size: int, eval_batch_size: int = 64):
+        self.tokenizer = tokenizer
+        self.label_names = train.label_names
+        self.model_config = model_config
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.train_ids = tokenizer.encode(train.texts)
+        self.train_labels = torch.tensor(train.labels)
+        self.valid_ids = tokenizer.encode(valid.texts)
+        self.valid_labels = torch.tensor(valid.labels)
+        self.lengths = [len(x) for x in self.train_ids]
+
+    def batches(self, epoch: int, seed: int) -> list[list[int]]:
+        return length_bucketed_batches(self.lengths, self.batch_size, seed=seed, epoch=epoch)
+
+    def loss(self, model: nn.Module, batch: list[int], device: torch.device) -> tuple[Tensor, int]:
+        tokens = self.tokenizer.pad([self.train_ids[i] for i in batch]).to(device)
+        logits = model(tokens.ids, tokens.padding_mask)  # (B, C)
+        loss = F.cross_entropy(logits.float(), self.train_labels[batch].to(device))
+        return loss, int(tokens.padding_mask.sum())
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        probs = predict_proba(model, self.tokenizer, self.valid_ids, self.eval_batch_size, device)  # type: ignore[arg-type]
+        loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), self.valid_labels).item()
+        metrics = classification_metrics(self.valid_labels.tolist(), probs.argmax(-1).tolist(), self.label_names)
+        return {"loss": loss, "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"]}
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {"kind": "text_classifier", "model": self.model_config.to_dict(),
+                "labels": list(self.label_names), "tokenizer": self.tokenizer.settings()}
+
+    def save_files(self, directory: Path) -> None:
+        self.tokenizer.save(directory / "tokenizer.json")
+
+
+@dataclass
+class ClassifierRecipe:
+    """Everything a classification run needs, loadable from JSON (see recipes/imdb.json).
+
+    Paths may contain ``{data}``: the shared data directory (``--data-dir``, $SCRATCHFORMER_DATA,
+    or ../shared/data).
+    """
+
+    train_file: str
+    test_file: str | None = None
+    valid_file: str | None = None
+    valid_size: int = 1000  # held out of the training file when there is no valid_file
+    text_field: str = "text"
+    label_field: str = "label"
+    label_names: list[str] | None = None
+    vocab_size: int = 16000
+    lowercase: bool = True
+    max_length: int = 512
+    truncation: str = "head_tail"
+    head_length: int = 128
+    batch_size: int = 32
+    pooling: str = "mean"
+    head_dropout: float = 0.1
+    model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the tokenizer)
+    pretrained: str | None = None  # a BERT checkpoint directory to start from (its tokenizer too)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train, dict):
+            self.train = TrainConfig(**self.train)
+
+    @classmethod
+    def from_json(cls, path: str | Path, **overrides: Any) -> ClassifierRecipe:
+        data = json.loads(Path(path).read_text())
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{path}: unknown recipe fields {unknown}")
+        train = dict(data.pop("train", {}), **overrides.pop("train", {}))
+        return cls(**{**data, **overrides}, train=TrainConfig(**train))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _resolve(path: str | None, data_dir: str | Path) -> str | None:
+    return None if path is None else path.replace("{data}", str(data_dir))
+
+
+def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
+    """Run a recipe: tokenizer, model, training, then the best checkpoint on the test file.
+
+    Returns (and writes to ``out_dir/report.json``) sizes, timings, validation and test metrics.
+    """
+    start = time.perf_counter()
+    c = recipe
+    load = lambda p, names=c.label_names: load_labelled_texts(  # noqa: E731
+        _resolve(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
+    )
+    full = load(c.train_file)
+    if c.valid_file:
+        train, valid = full, load(c.valid_file, full.label_names)
+    else:
+        perm = torch.randperm(len(full), generator=torch.Generator().manual_seed(c.train.seed)).tolist()
+        train, valid = full.subset(perm[c.valid_size :]), full.subset(perm[: c.valid_size])
+
+    if c.pretrained:
+        model = TextClassifier.from_pretrained_encoder(c.pretrained, len(full.label_names), c.pooling, c.head_dropout)
+        tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
+                                            truncation=c.truncation, head_length=c.head_length)
+    else:
+        tokenizer = TextTokenizer(train_wordpiece(train.texts, c.vocab_size, c.lowercase), c.max_length,
+                                  truncation=c.truncation, head_length=c.head_length)
+        encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,
+                                   "pad_id": tokenizer.pad_id})
+        torch.manual_seed(c.train.seed)
+        model = TextClassifier(ClassifierConfig(encoder, len(full.label_names), c.pooling, c.head_dropout))
+    task = ClassificationTask(tokenizer, train, valid, model.config, c.batch_size)
+    prepared = time.perf_counter() - start
+
+    result = Trainer(model, task, c.train).fit(resume=resume)
+    out = Path(c.train.out_dir)
+    report: dict[str, Any] = {
+        "parameters": model.num_parameters(),
+        "train_examples": len(train), "valid_examples": len(valid), "skipped": full.skipped,
+        "seconds_prepare": prepared, "seconds_train": result.seconds, "best_valid": result.best,
+    }
+    if c.test_file:
+        best = load_classifier(out / "best", device=c.train.device)
+        test = load(c.test_file, full.label_names)
+        report["test"] = best.evaluate(test, precision=c.train.precision)
+        report["test_skipped"] = test.skipped
+    report["seconds_total"] = time.perf_counter() - start
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+class LoadedClassifier:
+    """A trained classifier checkpoint, ready to predict and evaluate."""
+
+    def __init__(self, model: TextClassifier, tokenizer: TextTokenizer, label_names: list[str], device: torch.device):
+        self.model, self.tokenizer, self.label_names, self.device = model, tokenizer, label_names, device
+
+    def predict(self, texts: Sequence[str], batch_size: int = 64, precision: str = "fp32") -> list[tuple[str, float]]:
+        """(label, probability) for each text."""
+        probs = self.probabilities(texts, batch_size, precision)
+        return [(self.label_names[int(i)], float(p)) for p, i in zip(*probs.max(dim=-1))]
+
+    def probabilities(self, texts: Sequence[str], batch_size: int = 64, precision: str = "fp32") -> Tensor:
+        dtype = torch.bfloat16 if precision == "bf16" else None
+        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            return predict_proba(self.model, self.tokenizer, self.tokenizer.encode(texts), batch_size, self.device)
+
+    def evaluate(self, data: LabelledTexts, batch_size: int = 64, precision: str = "fp32") -> dict[str, Any]:
+        if list(data.label_names) != self.label_names:
+            raise ValueError(f"the data's classes {data.label_names} differ from the model's {self.label_names}")
+        predicted = self.probabilities(data.texts, batch_size, precision).argmax(-1).tolist()
+        return classification_metrics(data.labels, predicted, self.label_names)
+
+
+def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassifier:
+    """Load a checkpoint written by :func:`train_classifier` (weights via safetensors)."""
+    directory = resolve_checkpoint(directory)
+    config = load_config(directory)
+    if config.get("kind") != "text_classifier":
+        raise ValueError(f"{directory} holds a {config.get('kind')!r} checkpoint, not a text_classifier")
+    model = TextClassifier(ClassifierConfig.from_dict(config["model"]))
+    load_weights(model, directory)
+    settings = config["tokenizer"]
+    tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", settings["max_length"], settings["pad_token"],
+                                        truncation=settings["truncation"], head_length=settings["head_length"])
+    dev = resolve_device(device)
+    return LoadedClassifier(model.to(dev).eval(), tokenizer, list(config["labels"]), dev)

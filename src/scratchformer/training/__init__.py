@@ -1,0 +1,21 @@
+"""The training engine shared by all tasks: trainer, schedules, checkpoints, metrics."""
+
+from scratchformer.training.checkpoint import load_config, load_training_state, load_weights, save_checkpoint
+from scratchformer.training.metrics import MetricsLog, plot_curves
+from scratchformer.training.schedule import lr_multiplier
+from scratchformer.training.trainer import TrainConfig, Trainer, TrainingTask, TrainResult, resolve_device
+
+__all__ = [
+    "MetricsLog",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "TrainingTask",
+    "load_config",
+    "load_training_state",
+    "load_weights",
+    "lr_multiplier",
+    "plot_curves",
+    "resolve_device",
+    "save_checkpoint",
+]

@@ -1,0 +1,100 @@
+"""Checkpoints: a directory, written atomically, loaded without unpickling arbitrary objects.
+
+    model.safetensors   weights (safetensors; shared/tied tensors stored once)
+    config.json         everything needed to rebuild the model (and its task settings)
+    tokenizer.json      the tokenizer, when there is one
+    training_state.pt   optimizer, scheduler, step, RNG states: plain tensors and containers,
+                        read back with ``torch.load(weights_only=True)``
+
+Atomic: the new checkpoint is written completely into a temporary sibling directory, then swapped
+in by renames. A crash at any moment leaves either the previous or the new checkpoint complete:
+if it happens between the two renames, the previous one is found under ``NAME.old``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+__all__ = ["load_config", "load_training_state", "load_weights", "resolve_checkpoint", "save_checkpoint"]
+
+WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: nn.Module,
+    config: dict[str, Any],
+    training_state: dict[str, Any] | None = None,
+    extra_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically. ``extra_files(tmp_dir)`` may add files (a tokenizer)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        save_model(model, str(tmp / WEIGHTS))
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2))
+        if training_state is not None:
+            torch.save(training_state, tmp / STATE)
+        if extra_files is not None:
+            extra_files(tmp)
+        _fsync_dir_files(tmp)
+        old = directory.with_name(directory.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def _fsync_dir_files(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def resolve_checkpoint(directory: str | Path) -> Path:
+    """The checkpoint directory to read: ``directory``, or ``directory.old`` after an interrupted swap."""
+    directory = Path(directory)
+    if (directory / CONFIG).is_file():
+        return directory
+    old = directory.with_name(directory.name + ".old")
+    if (old / CONFIG).is_file():
+        return old
+    raise FileNotFoundError(f"no checkpoint at {directory} (expected {CONFIG} and {WEIGHTS} there)")
+
+
+def load_config(directory: str | Path) -> dict[str, Any]:
+    return json.loads((resolve_checkpoint(directory) / CONFIG).read_text())
+
+
+def load_weights(model: nn.Module, directory: str | Path) -> None:
+    """Load ``model.safetensors`` into ``model``; a missing or unexpected tensor is an error."""
+    path = resolve_checkpoint(directory) / WEIGHTS
+    missing, unexpected = load_model(model, str(path), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path} does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+
+
+def load_training_state(directory: str | Path) -> dict[str, Any]:
+    """The optimizer/scheduler/step/RNG state, read with ``weights_only=True`` (no arbitrary unpickling)."""
+    path = resolve_checkpoint(directory) / STATE
+    if not path.is_file():
+        raise FileNotFoundError(f"no training state in {path.parent} (was it saved for resuming?)")
+    return torch.load(path, weights_only=True)

@@ -1,0 +1,163 @@
+"""Classification end to end on tiny data built here; loaders, batching, metrics, CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from scratchformer.batching import length_bucketed_batches
+from scratchformer.classifier import ClassifierConfig, TextClassifier
+from scratchformer.cli import main
+from scratchformer.data import load_labelled_texts
+from scratchformer.encoder_model import EncoderConfig
+from scratchformer.text_classification import ClassifierRecipe, classification_metrics, load_classifier, train_classifier
+from scratchformer.training import TrainConfig
+
+POSITIVE = ["great", "wonderful", "superb", "loved", "brilliant"]
+NEGATIVE = ["awful", "boring", "terrible", "hated", "dull"]
+FILLER = ["the", "film", "plot", "actor", "was", "a", "and", "scene", "movie", "story", "it"]
+
+
+def synthetic_reviews(n: int, seed: int) -> list[dict]:
+    """Label 1 iff the review contains a positive word (never both kinds); HTML breaks included."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        words = rng.choices(FILLER, k=rng.randint(3, 12))
+        words.insert(rng.randint(0, len(words)), rng.choice(POSITIVE if label else NEGATIVE))
+        rows.append({"text": " ".join(words) + (" <br /><br />the end" if rng.random() < 0.3 else ""), "label": label})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    with gzip.open(path, "wt") if path.suffix == ".gz" else open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def tiny_recipe(tmp_path: Path) -> ClassifierRecipe:
+    return ClassifierRecipe(
+        train_file=str(write_jsonl(tmp_path / "train.jsonl.gz", synthetic_reviews(600, 0))),
+        test_file=str(write_jsonl(tmp_path / "test.jsonl", synthetic_reviews(200, 1))),
+        valid_size=100, label_names=["negative", "positive"], vocab_size=200, max_length=24,
+        truncation="head", batch_size=32, head_dropout=0.0,
+        model={"d_model": 32, "num_heads": 2, "num_layers": 1, "d_ff": 64, "dropout": 0.0, "norm_first": True},
+        train=TrainConfig(out_dir=str(tmp_path / "run"), epochs=4, lr=5e-3, warmup_steps=10, eval_every=20,
+                          best_metric="accuracy", best_mode="max", progress=False, seed=3),
+    )
+
+
+def test_tiny_task_is_learned_perfectly_and_reloads(tmp_path: Path) -> None:
+    report = train_classifier(tiny_recipe(tmp_path))
+    assert report["test"]["accuracy"] == 1.0
+    assert report["best_valid"]["accuracy"] == 1.0
+    assert (tmp_path / "run" / "best" / "tokenizer.json").is_file()
+    clf = load_classifier(tmp_path / "run" / "best", device="cpu")
+    (label, prob), (label2, _) = clf.predict(["the plot was superb", "a dull film"])
+    assert (label, label2) == ("positive", "negative") and prob > 0.9
+    assert "<br" not in clf.tokenizer.decode(clf.tokenizer.encode(["a <br /> b"])[0])
+
+
+def test_cli_train_evaluate_classify(tmp_path: Path, capsys) -> None:
+    recipe = tiny_recipe(tmp_path).to_dict()
+    recipe["train"] = {k: v for k, v in recipe["train"].items() if k != "betas"}
+    config = tmp_path / "recipe.json"
+    config.write_text(json.dumps(recipe))
+    assert main(["train", "classifier", "--config", str(config), "--out", str(tmp_path / "cli"), "--epochs", "4"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["test"]["accuracy"] == 1.0
+
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "cli" / "best"), "--data", recipe["test_file"], "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy 1.0000" in out and "confusion matrix" in out
+
+    assert main(["classify", "--checkpoint", str(tmp_path / "cli" / "best"), "--device", "cpu", "loved it", "boring"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["positive", "negative"]
+
+
+def test_mean_pooling_classifier_ignores_extra_padding() -> None:
+    torch.manual_seed(0)
+    model = TextClassifier(ClassifierConfig(EncoderConfig(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64), 3)).eval()
+    tokens = torch.randint(1, 50, (4, 9))
+    tokens[1, 5:] = 0
+    padded = torch.cat([tokens, torch.zeros(4, 7, dtype=torch.long)], dim=1)
+    assert (model(padded) - model(tokens)).abs().max().item() <= 1e-6
+
+
+def test_loader_errors_name_file_and_line(tmp_path: Path) -> None:
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"text": "fine", "label": 1}\n{"text": "oops", "label": \n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: malformed JSON"):
+        load_labelled_texts(bad_json)
+    out_of_range = write_jsonl(tmp_path / "range.jsonl", [{"text": "a", "label": 0}, {"text": "b", "label": 5}])
+    with pytest.raises(ValueError, match=r"range.jsonl:2: label 5 is outside the classes \[0, 2\)"):
+        load_labelled_texts(out_of_range, label_names=["neg", "pos"])
+    unknown = write_jsonl(tmp_path / "unknown.jsonl", [{"text": "a", "label": "meh"}])
+    with pytest.raises(ValueError, match=r"label 'meh' is not one of the classes \['neg', 'pos'\]"):
+        load_labelled_texts(unknown, label_names=["neg", "pos"])
+    missing = write_jsonl(tmp_path / "missing.jsonl", [{"review": "a", "label": 0}])
+    with pytest.raises(ValueError, match=r"missing field 'text'"):
+        load_labelled_texts(missing)
+    with pytest.raises(FileNotFoundError, match="data file not found"):
+        load_labelled_texts(tmp_path / "nope.jsonl")
+
+
+def test_loader_counts_skips(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"text": "good", "label": 1}\n{"text": "   ", "label": 0}\nnot json\n{"text": "bad", "label": 7}\n'
+                    '{"text": "meh", "label": 0}\n')
+    data = load_labelled_texts(path, label_names=["neg", "pos"], on_error="skip")
+    assert data.texts == ["good", "meh"] and data.labels == [1, 0]
+    assert data.skipped == {"empty text": 1, "malformed": 1, "bad label": 1}
+
+
+def test_csv_with_custom_columns_and_string_labels(tmp_path: Path) -> None:
+    path = tmp_path / "data.csv"
+    path.write_text('review,sentiment\n"Great, really",pos\nAwful,neg\n"so ""quoted""",pos\n')
+    data = load_labelled_texts(path, text_field="review", label_field="sentiment")
+    assert data.label_names == ["neg", "pos"]
+    assert data.texts == ["Great, really", "Awful", 'so "quoted"'] and data.labels == [1, 0, 1]
+
+
+def test_metrics_match_scikit_learn() -> None:
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = random.Random(0)
+    y_true = [rng.randrange(3) for _ in range(300)]
+    y_pred = [t if rng.random() < 0.7 else rng.randrange(3) for t in y_true]
+    ours = classification_metrics(y_true, y_pred, ["a", "b", "c"])
+    p, r, f, s = sklearn_metrics.precision_recall_fscore_support(y_true, y_pred)
+    assert ours["accuracy"] == pytest.approx(sklearn_metrics.accuracy_score(y_true, y_pred))
+    assert ours["macro_f1"] == pytest.approx(sklearn_metrics.f1_score(y_true, y_pred, average="macro"))
+    assert ours["confusion"] == sklearn_metrics.confusion_matrix(y_true, y_pred).tolist()
+    for i, name in enumerate("abc"):
+        m = ours["per_class"][name]
+        assert (m["precision"], m["recall"], m["f1"], m["support"]) == pytest.approx((p[i], r[i], f[i], s[i]))
+
+
+def test_length_bucketed_batches() -> None:
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 200) for _ in range(1000)]
+    batches = length_bucketed_batches(lengths, 16, seed=1, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(1000))  # every example once
+    assert batches == length_bucketed_batches(lengths, 16, seed=1, epoch=0)  # deterministic
+    assert batches != length_bucketed_batches(lengths, 16, seed=1, epoch=1)  # reshuffled per epoch
+
+    def padded(bs):
+        return sum(len(b) * max(lengths[i] for i in b) for b in bs)
+
+    naive = [list(range(i, min(i + 16, 1000))) for i in range(0, 1000, 16)]
+    assert padded(batches) < 0.6 * padded(naive)
+
+    by_tokens = length_bucketed_batches(lengths, max_tokens=800, seed=1)
+    assert sorted(i for b in by_tokens for i in b) == list(range(1000))
+    assert all(len(b) * max(lengths[i] for i in b) <= 800 for b in by_tokens)
+    with pytest.raises(ValueError, match="exactly one"):
+        length_bucketed_batches(lengths, 16, max_tokens=100)
