@@ -65,6 +65,17 @@ def test_tiny_task_is_learned_perfectly_and_reloads(tmp_path: Path) -> None:
     assert "<br" not in clf.tokenizer.decode(clf.tokenizer.encode(["a <br /> b"])[0])
 
 
+def test_checkpoint_averaging_is_evaluated_and_chosen_by_validation(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path)
+    recipe.average_last = 3
+    report = train_classifier(recipe)
+    assert len(list((tmp_path / "run").glob("step-*"))) == 3
+    assert report["averaged_valid"]["accuracy"] >= 0.99
+    assert report["test_checkpoint"] in ("best", "averaged")
+    assert (tmp_path / "run" / report["test_checkpoint"] / "model.safetensors").is_file()
+    assert report["test"]["accuracy"] == 1.0
+
+
 def test_cli_train_evaluate_classify(tmp_path: Path, capsys) -> None:
     recipe = tiny_recipe(tmp_path).to_dict()
     recipe["train"] = {k: v for k, v in recipe["train"].items() if k != "betas"}

@@ -151,6 +151,8 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self.record_weights = False  # set by scratchformer.attention_maps.record_attention
+        self.recorded: list[Tensor] = []
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -253,9 +255,11 @@ class MultiHeadAttention(nn.Module):
             mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
+            need_weights=need_weights or self.record_weights,
             scale=self.scale,
         )
+        if self.record_weights and weights is not None:
+            self.recorded.append(weights.detach())
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # concat heads: (B, T, D)
         return self.out_proj(out), weights
 

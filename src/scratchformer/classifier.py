@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from scratchformer.encoder_model import ContextualEncoder, EncoderConfig
@@ -73,6 +74,6 @@ class TextClassifier(nn.Module):
         """tokens (B, L); padding_mask (B, L) bool, True at real tokens (default ``!= pad_id``) -> (B, C)."""
         if padding_mask is None:
             pad_id = self.config.encoder.pad_id
-            padding_mask = tokens != pad_id if pad_id is not None else tokens.new_ones(tokens.shape, dtype=bool)
+            padding_mask = tokens != pad_id if pad_id is not None else tokens.new_ones(tokens.shape, dtype=torch.bool)
         hidden = self.encoder(tokens, padding_mask, token_type_ids)
         return self.head(self.dropout(pool(hidden, padding_mask, self.config.pooling)))

@@ -58,6 +58,27 @@ def _similarity(args: argparse.Namespace) -> int:
     return 0
 
 
+_TRAIN_FLAGS = {"out": "out_dir", "epochs": "epochs", "max_steps": "max_steps", "precision": "precision",
+                "device": "device", "threads": "threads", "seed": "seed"}
+
+
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
+    """The options every ``train`` command shares; they override the recipe's ``train`` section."""
+    parser.add_argument("--data-dir", help="what {data} means in recipe paths (default $SCRATCHFORMER_DATA or ../shared/data)")
+    parser.add_argument("--out", help="output directory (checkpoints, metrics.jsonl, curves.png, report.json)")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--device")
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/last")
+
+
+def _train_overrides(args: argparse.Namespace) -> dict:
+    return {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None}
+
+
 def _train_classifier(args: argparse.Namespace) -> int:
     import json
 
@@ -69,9 +90,7 @@ def _train_classifier(args: argparse.Namespace) -> int:
         overrides["train_file"] = args.train
     if args.test:
         overrides["test_file"] = args.test
-    train_overrides = {k: v for k, v in (("out_dir", args.out), ("epochs", args.epochs), ("max_steps", args.max_steps),
-                                         ("precision", args.precision), ("threads", args.threads), ("device", args.device),
-                                         ("seed", args.seed)) if v is not None}
+    train_overrides = _train_overrides(args)
     if args.config:
         recipe = ClassifierRecipe.from_json(args.config, train=train_overrides, **overrides)
     elif args.train:
@@ -85,6 +104,69 @@ def _train_classifier(args: argparse.Namespace) -> int:
     if "test" in report:
         summary["test"] = {k: report["test"][k] for k in ("accuracy", "macro_f1", "n")}
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _train_translation(args: argparse.Namespace) -> int:
+    import json
+
+    from scratchformer.data import default_data_dir
+    from scratchformer.translation import TranslationRecipe, train_translation
+
+    recipe = TranslationRecipe.from_json(args.config, train=_train_overrides(args))
+    report = train_translation(recipe, args.data_dir or default_data_dir(), resume=args.resume)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _translate(args: argparse.Namespace) -> int:
+    from scratchformer.translation import load_translator, read_lines
+
+    translator = load_translator(args.checkpoint, device=args.device)
+    lines = [args.text] if args.text else sys.stdin
+    for chunk in read_lines(lines, args.batch_size):
+        for line in translator.translate(chunk, beam_size=args.beam, batch_size=args.batch_size):
+            print(line, flush=True)
+    return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from scratchformer.attention_maps import plot_attention, record_attention
+    from scratchformer.translation import BOS, _pad, load_translator
+
+    translator = load_translator(args.checkpoint, device="cpu")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = translator.translate([args.text], beam_size=args.beam)[0]
+    src_ids = translator.encode_sources([args.text])[0]
+    tgt_ids = translator.tokenizer.encode(target).ids
+    def pieces(i: int) -> str:
+        return translator.tokenizer.id_to_token(i) or "?"
+
+    src_labels = [pieces(i) for i in src_ids]
+    tgt_in_labels, tgt_out_labels = ["<s>"] + [pieces(i) for i in tgt_ids], [pieces(i) for i in tgt_ids] + ["</s>"]
+    with torch.no_grad(), record_attention(translator.model) as recorded:
+        translator.model(_pad([src_ids]), _pad([[BOS] + tgt_ids]))
+    written = []
+    for name, calls in recorded.items():
+        weights = calls[0][0]  # first call, first sentence: (H, T, S)
+        kind = name.split(".")[-1]
+        layer = name.split(".")[2]
+        if name.startswith("encoder"):
+            labels = (src_labels, src_labels)
+        elif kind == "cross_attn":
+            labels = (tgt_out_labels, src_labels)
+        else:
+            labels = (tgt_out_labels, tgt_in_labels)
+        path = out_dir / f"{name.split('.')[0]}-layer{layer}-{kind}.png"
+        plot_attention(weights, labels[0], labels[1], path, f"{name} ({'rows: predicted' if 'decoder' in name else 'rows: queries'})")
+        written.append(str(path))
+    print(f"translation: {target}")
+    print("\n".join(written))
     return 0
 
 
@@ -105,6 +187,12 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from scratchformer.data import load_labelled_texts
     from scratchformer.text_classification import load_classifier
+    from scratchformer.training import load_config
+
+    if load_config(args.checkpoint).get("kind") == "translation":
+        return _evaluate_translation(args)
+    if not args.data:
+        raise SystemExit("error: --data FILE is required to evaluate a classifier")
 
     clf = load_classifier(args.checkpoint, device=args.device)
     data = load_labelled_texts(args.data, args.text_field, args.label_field, clf.label_names)
@@ -115,6 +203,30 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(json.dumps(metrics, indent=2))
     else:
         _print_classification_report(metrics)
+    return 0
+
+
+def _evaluate_translation(args: argparse.Namespace) -> int:
+    import json
+
+    from scratchformer.data import open_text
+    from scratchformer.translation import load_translator
+
+    if not (args.source and args.reference):
+        raise SystemExit("error: --source FILE and --reference FILE are required to evaluate a translation model")
+    with open_text(args.source) as f:
+        sources = [line.rstrip("\n") for line in f]
+    with open_text(args.reference) as f:
+        references = [line.rstrip("\n") for line in f]
+    if len(sources) != len(references):
+        raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
+    scores = load_translator(args.checkpoint, device=args.device).evaluate(sources, references, beam_size=args.beam)
+    hypotheses = scores.pop("hypotheses")
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write("\n".join(hypotheses) + "\n")
+    print(json.dumps(scores, indent=2) if args.json else
+          f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n']} sentences; {scores['bleu_signature']})")
     return 0
 
 
@@ -169,20 +281,36 @@ def build_parser() -> argparse.ArgumentParser:
     clf.add_argument("--config", help="recipe JSON (e.g. recipes/imdb.json)")
     clf.add_argument("--train", help="training file (JSONL/CSV, .gz ok); overrides the recipe")
     clf.add_argument("--test", help="test file, scored with the best checkpoint at the end")
-    clf.add_argument("--data-dir", help="what {data} means in recipe paths (default $SCRATCHFORMER_DATA or ../shared/data)")
-    clf.add_argument("--out", help="output directory (checkpoints, metrics.jsonl, curves.png, report.json)")
-    clf.add_argument("--epochs", type=int)
-    clf.add_argument("--max-steps", type=int)
-    clf.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
-    clf.add_argument("--device")
-    clf.add_argument("--threads", type=int)
-    clf.add_argument("--seed", type=int)
-    clf.add_argument("--resume", action="store_true", help="continue from OUT/last")
+    _add_training_options(clf)
     clf.set_defaults(func=_train_classifier)
 
-    evaluate = sub.add_parser("evaluate", help="score a classifier checkpoint on labelled data")
+    mt = train.add_parser("translation", help="machine translation (e.g. Multi30k German-English) from a recipe")
+    mt.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/multi30k_de_en.json)")
+    _add_training_options(mt)
+    mt.set_defaults(func=_train_translation)
+
+    translate = sub.add_parser("translate", help="translate stdin to stdout, one sentence per line (streaming)")
+    translate.add_argument("--checkpoint", required=True)
+    translate.add_argument("--beam", type=int, default=None, help="beam size (default: the recipe's; 1 = greedy)")
+    translate.add_argument("--batch-size", type=int, default=32)
+    translate.add_argument("--device", default="auto")
+    translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
+    translate.set_defaults(func=_translate)
+
+    attention = sub.add_parser("attention", help="PNG heatmaps of a translation model's attention for one sentence")
+    attention.add_argument("--checkpoint", required=True)
+    attention.add_argument("text")
+    attention.add_argument("--out", default="attention", help="output directory for the PNGs")
+    attention.add_argument("--beam", type=int, default=5)
+    attention.set_defaults(func=_attention)
+
+    evaluate = sub.add_parser("evaluate", help="score a checkpoint: a classifier (accuracy, F1) or a translator (BLEU, chrF)")
     evaluate.add_argument("--checkpoint", required=True)
-    evaluate.add_argument("--data", required=True, help="JSONL/CSV file with text and label")
+    evaluate.add_argument("--data", help="classifier: JSONL/CSV file with text and label")
+    evaluate.add_argument("--source", help="translation: source sentences, one per line (.gz ok)")
+    evaluate.add_argument("--reference", help="translation: reference translations, one per line")
+    evaluate.add_argument("--beam", type=int, default=None, help="translation: beam size (default: the recipe's)")
+    evaluate.add_argument("--output", help="translation: write the hypotheses here")
     evaluate.add_argument("--text-field", default="text")
     evaluate.add_argument("--label-field", default="label")
     evaluate.add_argument("--batch-size", type=int, default=64)

@@ -140,8 +140,9 @@ def load_labelled_texts(
 
     if label_names is None:
         values = {label for _, _, label in raw_rows}
-        if all(isinstance(v, int) for v in values):
-            label_names = [str(i) for i in range(max(values, default=-1) + 1)]
+        ints = [v for v in values if isinstance(v, int)]
+        if len(ints) == len(values):
+            label_names = [str(i) for i in range(max(ints, default=-1) + 1)]
         else:
             label_names = sorted(str(v) for v in values)
     names = list(label_names)

@@ -20,7 +20,7 @@ from scratchformer.embedding import TokenEmbedding
 from scratchformer.encoder import Encoder, EncoderLayer
 from scratchformer.layer_norm import LayerNorm
 from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.validation import check_mask, check_tokens
+from scratchformer.validation import check_mask, check_model_config, check_tokens
 
 __all__ = ["ContextualEncoder", "EncoderConfig", "EncoderEmbedding"]
 
@@ -66,21 +66,11 @@ class EncoderConfig:
     pooler: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len", "layer_norm_eps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        check_model_config(
+            self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len", "layer_norm_eps"), (self.vocab_size,)
+        )
         if self.num_layers < 0:
             raise ValueError(f"num_layers must be >= 0, got {self.num_layers}")
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)"
-            )
-        if self.positional not in ("sinusoidal", "learned"):
-            raise ValueError(f"positional: expected 'sinusoidal' or 'learned', got {self.positional!r}")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation: expected 'relu' or 'gelu', got {self.activation!r}")
-        if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -26,7 +26,8 @@ from scratchformer.data import LabelledTexts, load_labelled_texts
 from scratchformer.encoder_model import EncoderConfig
 from scratchformer.tokenization import TextTokenizer, train_wordpiece
 from scratchformer.training import TrainConfig, Trainer, load_config, load_weights, resolve_device
-from scratchformer.training.checkpoint import resolve_checkpoint
+from scratchformer.training.recipe import load_recipe, resolve_data_path
+from scratchformer.training.checkpoint import average_checkpoints, resolve_checkpoint
 
 __all__ = [
     "ClassificationTask",
@@ -143,6 +144,7 @@ class ClassifierRecipe:
     head_dropout: float = 0.1
     model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the tokenizer)
     pretrained: str | None = None  # a BERT checkpoint directory to start from (its tokenizer too)
+    average_last: int = 0  # also try the average of the last N evaluated checkpoints (0: off)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
@@ -151,19 +153,11 @@ class ClassifierRecipe:
 
     @classmethod
     def from_json(cls, path: str | Path, **overrides: Any) -> ClassifierRecipe:
-        data = json.loads(Path(path).read_text())
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"{path}: unknown recipe fields {unknown}")
-        train = dict(data.pop("train", {}), **overrides.pop("train", {}))
-        return cls(**{**data, **overrides}, train=TrainConfig(**train))
+        return load_recipe(cls, path, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def _resolve(path: str | None, data_dir: str | Path) -> str | None:
-    return None if path is None else path.replace("{data}", str(data_dir))
 
 
 def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
@@ -174,7 +168,7 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     start = time.perf_counter()
     c = recipe
     load = lambda p, names=c.label_names: load_labelled_texts(  # noqa: E731
-        _resolve(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
+        resolve_data_path(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
     )
     full = load(c.train_file)
     if c.valid_file:
@@ -197,15 +191,27 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     task = ClassificationTask(tokenizer, train, valid, model.config, c.batch_size)
     prepared = time.perf_counter() - start
 
-    result = Trainer(model, task, c.train).fit(resume=resume)
+    if c.average_last > c.train.keep_checkpoints:
+        c.train.keep_checkpoints = c.average_last
+    trainer = Trainer(model, task, c.train)
+    result = trainer.fit(resume=resume)
     out = Path(c.train.out_dir)
     report: dict[str, Any] = {
         "parameters": model.num_parameters(),
         "train_examples": len(train), "valid_examples": len(valid), "skipped": full.skipped,
         "seconds_prepare": prepared, "seconds_train": result.seconds, "best_valid": result.best,
     }
+    chosen = "best"
+    if c.average_last > 1:
+        average_checkpoints(sorted(out.glob("step-*"))[-c.average_last :], model)
+        averaged = trainer.evaluate()
+        report["averaged_valid"] = averaged
+        if result.best is None or averaged[c.train.best_metric] >= result.best[c.train.best_metric]:
+            trainer.save("averaged")
+            chosen = "averaged"
+    report["test_checkpoint"] = chosen
     if c.test_file:
-        best = load_classifier(out / "best", device=c.train.device)
+        best = load_classifier(out / chosen, device=c.train.device)
         test = load(c.test_file, full.label_names)
         report["test"] = best.evaluate(test, precision=c.train.precision)
         report["test_skipped"] = test.skipped

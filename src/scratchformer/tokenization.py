@@ -16,9 +16,10 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torch import Tensor
 
-__all__ = ["SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "train_wordpiece"]
+__all__ = ["BPE_SPECIAL_TOKENS", "SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "train_bpe", "train_wordpiece"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BPE_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3: pad, BOS, EOS, unknown
 TRUNCATIONS = ("head", "head_tail")
 
 _PAD_CANDIDATES = ("[PAD]", "<pad>", "<PAD>")
@@ -164,4 +165,26 @@ def train_wordpiece(
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def train_bpe(texts: Sequence[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Train a (joint) byte-level BPE tokenizer (GPT-2 style) that detokenizes back to plain text.
+
+    Byte level: any string is representable (a character never seen in training becomes its
+    UTF-8 bytes, not an unknown token), so decoding reproduces the (NFKC-normalised) input
+    exactly. Cased. No special tokens are added to encodings; the translation task adds BOS/EOS
+    itself. Ids: <pad> 0, <s> 1, </s> 2, <unk> 3 (never produced).
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(BPE_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tokenizer

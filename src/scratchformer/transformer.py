@@ -20,7 +20,7 @@ from scratchformer.encoder import Encoder, EncoderLayer
 from scratchformer.layer_norm import LayerNorm
 from scratchformer.masks import padding_mask
 from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.validation import check_features, check_mask, check_tokens
+from scratchformer.validation import check_features, check_mask, check_model_config, check_tokens
 
 __all__ = ["Transformer", "TransformerConfig"]
 
@@ -68,29 +68,19 @@ class TransformerConfig:
     pad_id: int | None = 0
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "max_len", "layer_norm_eps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        check_model_config(
+            self,
+            ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "max_len", "layer_norm_eps"),
+            (self.src_vocab_size, self.tgt_vocab_size),
+        )
         for name in ("num_encoder_layers", "num_decoder_layers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)"
-            )
-        if self.positional not in ("sinusoidal", "learned"):
-            raise ValueError(f"positional: expected 'sinusoidal' or 'learned', got {self.positional!r}")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation: expected 'relu' or 'gelu', got {self.activation!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}"
             )
-        if self.pad_id is not None and not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
-            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

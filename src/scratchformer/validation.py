@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["check_features", "check_last_dim", "check_mask", "check_tokens"]
+__all__ = ["check_features", "check_last_dim", "check_mask", "check_model_config", "check_tokens"]
 
 _INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -82,3 +82,22 @@ def check_mask(
     if _shape(mask) not in [tuple(s) for s in allowed]:
         expected = " or ".join(f"{l}={tuple(s)}" for l, s in zip(letters, allowed))
         raise ValueError(f"{name}: expected shape {expected}, got {_shape(mask)}")
+
+
+def check_model_config(config: object, positive: Sequence[str], vocab_sizes: Sequence[int]) -> None:
+    """Shared checks of TransformerConfig and EncoderConfig: sizes, D divisible by H, choices, pad id."""
+    for name in positive:
+        if getattr(config, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+    d_model, num_heads = getattr(config, "d_model"), getattr(config, "num_heads")
+    if d_model % num_heads:
+        raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads} (d_k = D / H)")
+    for name, choices in (("positional", ("sinusoidal", "learned")), ("activation", ("relu", "gelu"))):
+        if getattr(config, name) not in choices:
+            raise ValueError(f"{name}: expected one of {choices}, got {getattr(config, name)!r}")
+    dropout = getattr(config, "dropout")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    pad_id = getattr(config, "pad_id")
+    if pad_id is not None and not 0 <= pad_id < min(vocab_sizes):
+        raise ValueError(f"pad_id={pad_id} is outside the vocabulary [0, {min(vocab_sizes)})")

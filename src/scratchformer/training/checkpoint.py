@@ -17,15 +17,15 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
-from torch import nn
+from safetensors.torch import load_file, load_model, save_model
+from torch import Tensor, nn
 
-__all__ = ["load_config", "load_training_state", "load_weights", "resolve_checkpoint", "save_checkpoint"]
+__all__ = ["average_checkpoints", "load_config", "load_training_state", "load_weights", "resolve_checkpoint", "save_checkpoint"]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
 
@@ -98,3 +98,19 @@ def load_training_state(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no training state in {path.parent} (was it saved for resuming?)")
     return torch.load(path, weights_only=True)
+
+
+def average_checkpoints(directories: Sequence[Path], model: nn.Module) -> None:
+    """Load into ``model`` the element-wise mean of the weights in ``directories`` (accumulated in
+    float64). Averaging the last checkpoints of a run smooths the noise of the final steps."""
+    total: dict[str, Tensor] = {}
+    for directory in directories:
+        for name, tensor in load_file(str(directory / "model.safetensors")).items():
+            total[name] = total.get(name, 0) + tensor.double()  # type: ignore[operator]
+    missing, unexpected = model.load_state_dict({k: (v / len(directories)).float() for k, v in total.items()}, strict=False)
+    params = model.state_dict(keep_vars=True)
+    loaded = {params[k].data_ptr() for k in total if k in params}
+    missing = [k for k in missing if params[k].data_ptr() not in loaded]  # tied tensors are stored once
+    if missing or unexpected:
+        raise ValueError(f"checkpoint average does not fit the model: missing {missing}, unexpected {unexpected}")
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,8 @@ class TrainConfig:
         eval_every: evaluate every N steps (0: only at the end); the best checkpoint is kept.
         best_metric, best_mode: which evaluation metric picks the best checkpoint, "max" or "min".
         save_every: write the resumable ``last/`` checkpoint every N steps (0: only at the end).
+        keep_checkpoints: also keep the last N evaluated weights as ``step-NNNNNNN/`` (for
+            checkpoint averaging; 0: none).
         log_every: steps between log lines.  seed: everything random derives from it.
         device: "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
         threads: torch CPU threads (0: torch's default).  progress: show a progress bar.
@@ -68,6 +71,7 @@ class TrainConfig:
     best_metric: str = "loss"
     best_mode: str = "min"
     save_every: int = 0
+    keep_checkpoints: int = 0
     log_every: int = 10
     seed: int = 0
     device: str = "auto"
@@ -135,7 +139,8 @@ def resolve_device(name: str) -> torch.device:
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay weight matrices and embeddings (dim >= 2); never biases or LayerNorm gains."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
@@ -186,9 +191,10 @@ class Trainer:
         self.model.train(was_training)
         return metrics
 
-    def _save(self, name: str, state: dict[str, Any] | None) -> None:
+    def save(self, name: str, training_state: dict[str, Any] | None = None) -> None:
+        """Write the model as checkpoint ``out_dir/name`` (atomically), with the task's files."""
         config = dict(self.task.checkpoint_config(), training=asdict(self.config))
-        save_checkpoint(self.out_dir / name, self.model, config, state, self.task.save_files)
+        save_checkpoint(self.out_dir / name, self.model, config, training_state, self.task.save_files)
 
     def fit(self, resume: bool = False, on_step: Any = None) -> TrainResult:
         """Train to ``max_steps`` (or ``epochs``). ``resume`` continues from ``out_dir/last``.
@@ -295,13 +301,17 @@ class Trainer:
                     value = metrics[c.best_metric]
                     if best is None or (value > best[c.best_metric] if c.best_mode == "max" else value < best[c.best_metric]):
                         best = {"step": step, **metrics}
-                        self._save("best", None)
+                        self.save("best", None)
+                    if c.keep_checkpoints:
+                        self.save(f"step-{step:07d}", None)
+                        for old in sorted(self.out_dir.glob("step-*"))[: -c.keep_checkpoints]:
+                            shutil.rmtree(old)
                     if c.progress:
                         bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
                     plot_curves(self.log.records(), self.out_dir / "curves.png")
 
                 if (c.save_every and step % c.save_every == 0) or step == total:
-                    self._save("last", training_state())
+                    self.save("last", training_state())
                 if on_step is not None:
                     on_step(step, loss_sum)
         bar.close()

@@ -1,0 +1,30 @@
+"""Recipes: a task's settings as a JSON file, with a ``train`` section for :class:`TrainConfig`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from scratchformer.training.trainer import TrainConfig
+
+__all__ = ["load_recipe", "resolve_data_path"]
+
+R = TypeVar("R")
+
+
+def load_recipe(cls: type[R], path: str | Path, **overrides: Any) -> R:
+    """Build the recipe dataclass ``cls`` from JSON; ``overrides`` replace fields, and
+    ``overrides["train"]`` replaces entries of the ``train`` section. Unknown fields are an error."""
+    data = json.loads(Path(path).read_text())
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    if unknown:
+        raise ValueError(f"{path}: unknown recipe fields {unknown}")
+    train = dict(data.pop("train", {}), **overrides.pop("train", {}))
+    return cls(**{**data, **overrides}, train=TrainConfig(**train))  # type: ignore[call-arg]
+
+
+def resolve_data_path(path: str | None, data_dir: str | Path) -> str | None:
+    """Replace ``{data}`` in a recipe path with the shared data directory."""
+    return None if path is None else path.replace("{data}", str(data_dir))

@@ -1,0 +1,269 @@
+"""Machine translation end to end: parallel text -> joint BPE -> Transformer -> beam search -> sacreBLEU.
+
+    recipe = TranslationRecipe.from_json("recipes/multi30k_de_en.json")
+    report = train_translation(recipe)          # trains, then scores the test set with beam search
+    translator = load_translator("runs/multi30k/best")
+    translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from scratchformer.batching import length_bucketed_batches
+from scratchformer.decoding import beam_search, greedy_decode
+from scratchformer.parallel_data import ParallelTexts, load_parallel_texts
+from scratchformer.tokenization import train_bpe
+from scratchformer.training import TrainConfig, Trainer, load_config, load_weights, resolve_device
+from scratchformer.training.recipe import load_recipe, resolve_data_path
+from scratchformer.training.checkpoint import average_checkpoints, resolve_checkpoint, save_checkpoint
+from scratchformer.transformer import Transformer, TransformerConfig
+
+__all__ = [
+    "TranslationRecipe",
+    "TranslationTask",
+    "Translator",
+    "bleu_and_chrf",
+    "label_smoothed_loss",
+    "load_translator",
+    "train_translation",
+]
+
+PAD, BOS, EOS = 0, 1, 2  # the ids train_bpe gives <pad>, <s>, </s>
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:
+    """Cross-entropy with label smoothing (paper, 5.4: eps_ls = 0.1), averaged over non-pad tokens.
+
+    logits (B, T, V), target (B, T): the target distribution puts 1 - eps on the gold token and
+    eps spread uniformly over the vocabulary (PyTorch's ``label_smoothing``); padding positions
+    contribute nothing.
+    """
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=smoothing
+    )
+
+
+def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """Corpus sacreBLEU (13a tokenisation, cased: the defaults) and chrF on detokenised text."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    refs = [list(references)]
+    return {
+        "bleu": bleu.corpus_score(list(hypotheses), refs).score,
+        "chrf": chrf.corpus_score(list(hypotheses), refs).score,
+        "bleu_signature": str(bleu.get_signature()),
+    }
+
+
+def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in tokenizer.encode_batch(list(texts))]
+
+
+def _pad(sequences: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> Tensor:
+    out = torch.full((len(sequences), max(len(s) for s in sequences)), PAD, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out.to(device)
+
+
+class Translator:
+    """A trained model with its tokenizer: text in, text out."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, decoding: dict[str, Any], device: torch.device):
+        self.model, self.tokenizer, self.decoding, self.device = model.eval(), tokenizer, decoding, device
+
+    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
+        limit = self.model.config.max_len - 1
+        return [ids[:limit] + [EOS] for ids in _encode(self.tokenizer, texts)]
+
+    @torch.no_grad()
+    def translate(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[str]:
+        """Translate ``texts`` (batched by length; output in input order). beam_size 1 = greedy."""
+        beam_size = self.decoding.get("beam_size", 5) if beam_size is None else beam_size
+        sources = self.encode_sources(texts)
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        out: list[str] = [""] * len(sources)
+        limits = {k: self.decoding[k] for k in ("max_len_a", "max_len_b") if k in self.decoding}
+        for start in range(0, len(order), batch_size):
+            index = order[start : start + batch_size]
+            src = _pad([sources[i] for i in index], self.device)
+            if beam_size == 1:
+                rows = [r[: r.index(EOS)] if EOS in r else r for r in greedy_decode(
+                    self.model, src, bos_id=BOS, eos_id=EOS, **limits).tolist()]  # type: ignore[union-attr]
+            else:
+                hyps = beam_search(self.model, src, bos_id=BOS, eos_id=EOS, beam_size=beam_size,
+                                   length_penalty=self.decoding.get("length_penalty", 1.0), **limits)
+                rows = [h[0].tokens[:-1] for h in hyps]
+            for i, ids in zip(index, rows):
+                out[i] = self.tokenizer.decode(ids)
+        return out
+
+    def evaluate(self, sources: Sequence[str], references: Sequence[str], beam_size: int | None = None) -> dict[str, Any]:
+        hypotheses = self.translate(sources, beam_size)
+        return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
+
+
+class TranslationTask:
+    """The translation :class:`~scratchformer.training.TrainingTask`: label-smoothed cross-entropy,
+    batches by token count, validation loss and greedy BLEU."""
+
+    def __init__(self, tokenizer: Tokenizer, train: ParallelTexts, valid: ParallelTexts, model_config: TransformerConfig,
+                 max_tokens: int, label_smoothing: float, max_length: int, decoding: dict[str, Any]):
+        self.tokenizer, self.model_config, self.decoding = tokenizer, model_config, decoding
+        self.max_tokens, self.label_smoothing = max_tokens, label_smoothing
+        src, tgt = _encode(tokenizer, train.sources), _encode(tokenizer, train.targets)
+        keep = [i for i in range(len(src)) if len(src[i]) + 1 <= max_length and len(tgt[i]) + 1 <= max_length]
+        self.filtered = len(src) - len(keep)  # over-long pairs, counted and reported
+        if not keep:
+            raise ValueError(f"all {len(src)} training pairs are longer than max_length={max_length} tokens")
+        self.src = [src[i] + [EOS] for i in keep]
+        self.tgt = [tgt[i] for i in keep]
+        self.lengths = [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
+        self.valid = valid
+
+    def batches(self, epoch: int, seed: int) -> list[list[int]]:
+        return length_bucketed_batches(self.lengths, max_tokens=self.max_tokens, seed=seed, epoch=epoch)
+
+    def loss(self, model: nn.Module, batch: list[int], device: torch.device) -> tuple[Tensor, int]:
+        src = _pad([self.src[i] for i in batch], device)
+        tgt_in = _pad([[BOS] + self.tgt[i] for i in batch], device)
+        tgt_out = _pad([self.tgt[i] + [EOS] for i in batch], device)
+        logits = model(src, tgt_in)  # (B, T, V)
+        return label_smoothed_loss(logits, tgt_out, self.label_smoothing, PAD), int((tgt_out != PAD).sum())
+
+    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        translator = Translator(model, self.tokenizer, self.decoding, device)  # type: ignore[arg-type]
+        src = translator.encode_sources(self.valid.sources)
+        tgt = _encode(self.tokenizer, self.valid.targets)
+        total, tokens = 0.0, 0
+        for start in range(0, len(src), 64):
+            s, t = src[start : start + 64], tgt[start : start + 64]
+            tgt_out = _pad([x + [EOS] for x in t], device)
+            logits = model(_pad(s, device), _pad([[BOS] + x for x in t], device))
+            n = int((tgt_out != PAD).sum())
+            total += F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum").item()
+            tokens += n
+        scores = bleu_and_chrf(translator.translate(self.valid.sources, beam_size=1), self.valid.targets)
+        model.train(False)
+        return {"loss": total / tokens, "bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        return {"kind": "translation", "model": self.model_config.to_dict(), "decoding": self.decoding,
+                "special_ids": {"pad": PAD, "bos": BOS, "eos": EOS}}
+
+    def save_files(self, directory: Path) -> None:
+        self.tokenizer.save(str(directory / "tokenizer.json"))
+
+
+@dataclass
+class TranslationRecipe:
+    """A translation run, loadable from JSON (see recipes/multi30k_de_en.json); ``{data}`` in paths
+    is the shared data directory."""
+
+    train_source: str
+    train_target: str
+    valid_source: str
+    valid_target: str
+    test_source: str | None = None
+    test_target: str | None = None
+    vocab_size: int = 8000
+    max_length: int = 128  # tokens per side (with EOS); longer training pairs are filtered, counted
+    max_tokens: int = 4096  # padded tokens per batch and side
+    label_smoothing: float = 0.1
+    average_last: int = 0  # average the last N evaluated checkpoints (0: off)
+    model: dict[str, Any] = field(default_factory=dict)  # TransformerConfig fields (vocabulary from the tokenizer)
+    decoding: dict[str, Any] = field(default_factory=lambda: {"beam_size": 5, "length_penalty": 1.0,
+                                                              "max_len_a": 1.2, "max_len_b": 10})
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train, dict):
+            self.train = TrainConfig(**self.train)
+
+    @classmethod
+    def from_json(cls, path: str | Path, **overrides: Any) -> TranslationRecipe:
+        return load_recipe(cls, path, **overrides)
+
+
+def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
+    """Run a recipe: BPE, model, training; then the best (or averaged) model on the test set, with beam search."""
+    start = time.perf_counter()
+    r = recipe
+    def load_pair(source: str | None, target: str | None) -> ParallelTexts:
+        return load_parallel_texts(resolve_data_path(source, data_dir), resolve_data_path(target, data_dir))  # type: ignore[arg-type]
+
+    train, valid = load_pair(r.train_source, r.train_target), load_pair(r.valid_source, r.valid_target)
+    tokenizer = train_bpe(train.sources + train.targets, r.vocab_size)
+    config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
+                                  "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
+    torch.manual_seed(r.train.seed)
+    model = Transformer(config)
+    task = TranslationTask(tokenizer, train, valid, config, r.max_tokens, r.label_smoothing, r.max_length, r.decoding)
+    if r.average_last > r.train.keep_checkpoints:
+        r.train.keep_checkpoints = r.average_last
+    result = Trainer(model, task, r.train).fit(resume=resume)
+    out = Path(r.train.out_dir)
+    report: dict[str, Any] = {
+        "parameters": model.num_parameters(), "train_pairs": len(task.src), "filtered_long": task.filtered,
+        "skipped": train.skipped, "seconds_train": result.seconds, "best_valid": result.best,
+    }
+    device = resolve_device(r.train.device)
+    chosen = "best"
+    if r.average_last > 1:
+        snapshots = sorted(out.glob("step-*"))[-r.average_last :]
+        average_checkpoints(snapshots, model)
+        averaged = Translator(model.to(device), tokenizer, r.decoding, device)
+        valid_avg = bleu_and_chrf(averaged.translate(valid.sources, beam_size=1), valid.targets)
+        report["averaged_valid_bleu"] = valid_avg["bleu"]
+        if result.best is None or valid_avg["bleu"] > result.best.get("bleu", 0.0):
+            save_checkpoint(out / "averaged", model, dict(task.checkpoint_config(), training=dataclasses.asdict(r.train)),
+                            None, task.save_files)
+            chosen = "averaged"
+    report["test_checkpoint"] = chosen
+    if r.test_source and r.test_target:
+        test = load_pair(r.test_source, r.test_target)
+        translator = load_translator(out / chosen, device=r.train.device)
+        t0 = time.perf_counter()
+        scores = translator.evaluate(test.sources, test.targets)
+        report["test"] = {k: v for k, v in scores.items() if k != "hypotheses"}
+        report["seconds_test_decoding"] = time.perf_counter() - t0
+        (out / "test_hypotheses.txt").write_text("\n".join(scores["hypotheses"]) + "\n")
+    report["seconds_total"] = time.perf_counter() - start
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def load_translator(directory: str | Path, device: str = "auto") -> Translator:
+    directory = resolve_checkpoint(directory)
+    config = load_config(directory)
+    if config.get("kind") != "translation":
+        raise ValueError(f"{directory} holds a {config.get('kind')!r} checkpoint, not a translation model")
+    model = Transformer(TransformerConfig.from_dict(config["model"]))
+    load_weights(model, directory)
+    dev = resolve_device(device)
+    return Translator(model.to(dev), Tokenizer.from_file(str(directory / "tokenizer.json")), config["decoding"], dev)
+
+
+def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:
+    """Group a stream of lines into lists of ``chunk`` (for streaming translation)."""
+    batch: list[str] = []
+    for line in stream:
+        batch.append(line.rstrip("\n"))
+        if len(batch) == chunk:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

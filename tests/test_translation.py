@@ -1,0 +1,142 @@
+"""Translation end to end on a tiny synthetic language pair built here; loaders, loss, CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from scratchformer.cli import main
+from scratchformer.parallel_data import load_parallel_texts
+from scratchformer.tokenization import train_bpe
+from scratchformer.training import TrainConfig
+from scratchformer.translation import (
+    TranslationRecipe,
+    bleu_and_chrf,
+    label_smoothed_loss,
+    load_translator,
+    train_translation,
+)
+
+# A toy "German": every word maps to one English word, and the word order is kept.
+LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schläft": "sleeps",
+           "rot": "red", "blau": "blue", "groß": "big", "klein": "small", "mann": "man"}
+
+
+def toy_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        words = ["ein", rng.choice(["groß", "klein", "rot", "blau"]), rng.choice(["hund", "katze", "mann"]),
+                 rng.choice(["läuft", "schläft"])]
+        src.append(" ".join(words).capitalize() + ".")
+        tgt.append(" ".join(LEXICON[w] for w in words).capitalize() + ".")
+    return src, tgt
+
+
+def write(path: Path, lines: list[str]) -> str:
+    with (gzip.open(path, "wt", encoding="utf-8") if path.suffix == ".gz" else open(path, "w", encoding="utf-8")) as f:
+        f.write("\n".join(lines) + "\n")
+    return str(path)
+
+
+def tiny_recipe(tmp_path: Path, **train) -> TranslationRecipe:
+    paths = {}
+    for split, n, seed in (("train", 400, 0), ("valid", 40, 1), ("test", 40, 2)):
+        s, t = toy_pairs(n, seed)
+        paths[split] = (write(tmp_path / f"{split}.de.gz", s), write(tmp_path / f"{split}.en", t))
+    return TranslationRecipe(
+        train_source=paths["train"][0], train_target=paths["train"][1],
+        valid_source=paths["valid"][0], valid_target=paths["valid"][1],
+        test_source=paths["test"][0], test_target=paths["test"][1],
+        vocab_size=400, max_length=24, max_tokens=400, average_last=2,
+        model={"d_model": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "d_ff": 64,
+               "dropout": 0.0, "norm_first": True, "share_embeddings": True, "tie_output": True, "max_len": 64},
+        decoding={"beam_size": 3, "length_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 5},
+        train=TrainConfig(**{"out_dir": str(tmp_path / "run"), "max_steps": 300, "lr": 1e-2, "warmup_steps": 20,
+                             "schedule": "inverse_sqrt", "eval_every": 50, "best_metric": "bleu", "best_mode": "max",
+                             "progress": False, "seed": 0, **train}),
+    )
+
+
+def test_tiny_translation_is_learned_and_decoded(tmp_path: Path) -> None:
+    report = train_translation(tiny_recipe(tmp_path))
+    assert report["test"]["bleu"] > 90.0, report
+    assert report["test_checkpoint"] in ("best", "averaged")
+    translator = load_translator(tmp_path / "run" / report["test_checkpoint"], device="cpu")
+    assert translator.translate(["Ein rot hund läuft."]) == ["A red dog runs."]
+    assert translator.translate(["Ein rot hund läuft."], beam_size=1) == ["A red dog runs."]
+    assert len(list((tmp_path / "run").glob("step-*"))) == 2  # kept for averaging
+
+
+def test_cli_translate_evaluate_attention(tmp_path: Path, capsys, monkeypatch) -> None:
+    recipe = tiny_recipe(tmp_path)
+    report = train_translation(recipe)
+    checkpoint = str(tmp_path / "run" / report["test_checkpoint"])
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", iter(["Ein klein katze schläft.\n", "Ein blau mann läuft.\n"]))
+    assert main(["translate", "--checkpoint", checkpoint, "--beam", "3", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["A small cat sleeps.", "A blue man runs."]
+
+    assert main(["evaluate", "--checkpoint", checkpoint, "--source", recipe.test_source,
+                 "--reference", recipe.test_target, "--device", "cpu", "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["bleu"] > 90 and scores["chrf"] > 90 and scores["n"] == 40
+
+    assert main(["attention", "--checkpoint", checkpoint, "Ein rot hund läuft.", "--out", str(tmp_path / "att")]) == 0
+    pngs = sorted(p.name for p in (tmp_path / "att").glob("*.png"))
+    assert pngs == ["decoder-layer0-cross_attn.png", "decoder-layer0-self_attn.png", "encoder-layer0-self_attn.png"]
+
+
+def test_label_smoothed_loss_matches_the_formula() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 7, generator=gen)
+    target = torch.tensor([[3, 1, 0, 0], [5, 6, 2, 0]])  # 0 = pad
+    eps, V = 0.1, 7
+    logp = torch.log_softmax(logits, dim=-1)
+    real = target != 0
+    per_token = -(1 - eps) * logp.gather(-1, target[..., None]).squeeze(-1) - eps / V * logp.sum(-1)
+    expected = per_token[real].mean()
+    assert label_smoothed_loss(logits, target, eps, 0).item() == pytest.approx(expected.item(), rel=1e-6)
+    # Padding positions change nothing.
+    logits2 = logits.clone()
+    logits2[~real] = 100.0
+    assert label_smoothed_loss(logits2, target, eps, 0).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_bleu_is_sacrebleu() -> None:
+    sacrebleu = pytest.importorskip("sacrebleu")
+    hyps, refs = ["The cat sat on the mat.", "A dog runs."], ["The cat sat on a mat.", "A dog runs fast."]
+    ours = bleu_and_chrf(hyps, refs)
+    assert ours["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert ours["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert "13a" in ours["bleu_signature"] and "mixed" in ours["bleu_signature"]  # cased, 13a tokenisation
+
+
+def test_parallel_loader_errors_and_filters(tmp_path: Path) -> None:
+    src = write(tmp_path / "a.de", ["eins", "", "drei"])
+    tgt = write(tmp_path / "a.en", ["one", "two", "three"])
+    data = load_parallel_texts(src, tgt)
+    assert data.sources == ["eins", "drei"] and data.targets == ["one", "three"] and data.skipped == {"empty": 1}
+    short = write(tmp_path / "b.en", ["one", "two"])
+    with pytest.raises(ValueError, match=r"differ in length: .*a.de has 3 lines, .*b.en has 2"):
+        load_parallel_texts(src, short)
+
+
+def test_bpe_round_trips_text() -> None:
+    texts = ["Ein Mann fährt mit dem Fahrrad über eine Brücke.", "Zwei Hunde spielen im Schnee!"] * 20
+    tokenizer = train_bpe(texts, vocab_size=200)
+    for text in texts[:2] + ["Unbekannte Wörter: Straßenbahn, Ärger."]:
+        assert tokenizer.decode(tokenizer.encode(text).ids) == text
+    assert [tokenizer.token_to_id(t) for t in ("<pad>", "<s>", "</s>", "<unk>")] == [0, 1, 2, 3]
+
+
+def test_committed_recipe_is_valid() -> None:
+    recipe = TranslationRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.json")
+    assert recipe.train.schedule == "inverse_sqrt" and recipe.label_smoothing == 0.1
+    assert math.isclose(recipe.decoding["beam_size"], 5)
