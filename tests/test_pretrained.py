@@ -195,3 +195,15 @@ def test_cli_embed_and_similarity(capsys) -> None:
     assert main(["similarity", "--model", str(MODEL_DIR), "A man plays guitar.", "Someone plays the guitar."]) == 0
     value = float(capsys.readouterr().out.strip())
     assert 0.7 < value <= 1.0
+
+
+def test_text_classifier_starts_from_the_pretrained_encoder(ours) -> None:
+    from scratchformer.classifier import TextClassifier
+
+    clf = TextClassifier.from_pretrained_encoder(MODEL_DIR, num_classes=3, pooling="mean").eval()
+    for name, tensor in ours.encoder.state_dict().items():
+        assert torch.equal(clf.encoder.state_dict()[name], tensor), name
+    batch = ours.tokenizer(["A wonderful film.", "Dull."])
+    with torch.no_grad():
+        logits = clf(batch.ids, batch.padding_mask)
+    assert logits.shape == (2, 3) and torch.isfinite(logits).all()

@@ -10,12 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from scratchformer.translation import Translator
 
 from scratchformer.attention import MultiHeadAttention
 
-__all__ = ["plot_attention", "record_attention"]
+__all__ = ["plot_attention", "record_attention", "translation_attention_maps"]
 
 
 @contextmanager
@@ -60,3 +65,35 @@ def plot_attention(weights: Tensor, queries: Sequence[str], keys: Sequence[str],
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def translation_attention_maps(
+    translator: Translator, text: str, out_dir: str | Path, beam_size: int = 5
+) -> tuple[str, list[Path]]:
+    """Translate ``text``, then draw every attention module's weights for that sentence pair:
+    encoder self-attention (source x source), decoder self-attention (target x target prefix) and
+    cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
+    from scratchformer.translation import BOS, pad_ids
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    translation = translator.translate([text], beam_size=beam_size)[0]
+    src_ids = translator.encode_sources([text])[0]
+    tgt_ids = translator.tokenizer.encode(translation).ids
+
+    def label(i: int) -> str:  # byte-level pieces, decoded one by one; "▁" marks a word start
+        return translator.tokenizer.decode([i], skip_special_tokens=False).replace(" ", "▁") or "<eos>"
+
+    source = [label(i) for i in src_ids[:-1]] + ["</s>"]
+    predicted = [label(i) for i in tgt_ids] + ["</s>"]
+    prefix = ["<s>"] + [label(i) for i in tgt_ids]
+    with torch.no_grad(), record_attention(translator.model) as recorded:
+        translator.model(pad_ids([src_ids]), pad_ids([[BOS] + tgt_ids]))
+    written = []
+    for name, calls in recorded.items():  # e.g. "decoder.layers.2.cross_attn"
+        stack, _, layer, kind = name.split(".")
+        rows, cols = (source, source) if stack == "encoder" else (predicted, source if kind == "cross_attn" else prefix)
+        path = out / f"{stack}-layer{layer}-{kind}.png"
+        plot_attention(calls[0][0], rows, cols, path, f"{name}  (rows: {'queries' if stack == 'encoder' else 'predicted'})")
+        written.append(path)
+    return translation, written

@@ -131,42 +131,14 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _attention(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from scratchformer.attention_maps import translation_attention_maps
+    from scratchformer.translation import load_translator
 
-    import torch
-
-    from scratchformer.attention_maps import plot_attention, record_attention
-    from scratchformer.translation import BOS, _pad, load_translator
-
-    translator = load_translator(args.checkpoint, device="cpu")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = translator.translate([args.text], beam_size=args.beam)[0]
-    src_ids = translator.encode_sources([args.text])[0]
-    tgt_ids = translator.tokenizer.encode(target).ids
-    def pieces(i: int) -> str:
-        return translator.tokenizer.id_to_token(i) or "?"
-
-    src_labels = [pieces(i) for i in src_ids]
-    tgt_in_labels, tgt_out_labels = ["<s>"] + [pieces(i) for i in tgt_ids], [pieces(i) for i in tgt_ids] + ["</s>"]
-    with torch.no_grad(), record_attention(translator.model) as recorded:
-        translator.model(_pad([src_ids]), _pad([[BOS] + tgt_ids]))
-    written = []
-    for name, calls in recorded.items():
-        weights = calls[0][0]  # first call, first sentence: (H, T, S)
-        kind = name.split(".")[-1]
-        layer = name.split(".")[2]
-        if name.startswith("encoder"):
-            labels = (src_labels, src_labels)
-        elif kind == "cross_attn":
-            labels = (tgt_out_labels, src_labels)
-        else:
-            labels = (tgt_out_labels, tgt_in_labels)
-        path = out_dir / f"{name.split('.')[0]}-layer{layer}-{kind}.png"
-        plot_attention(weights, labels[0], labels[1], path, f"{name} ({'rows: predicted' if 'decoder' in name else 'rows: queries'})")
-        written.append(str(path))
-    print(f"translation: {target}")
-    print("\n".join(written))
+    translation, written = translation_attention_maps(
+        load_translator(args.checkpoint, device="cpu"), args.text, args.out, beam_size=args.beam
+    )
+    print(f"translation: {translation}")
+    print("\n".join(str(p) for p in written))
     return 0
 
 

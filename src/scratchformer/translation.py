@@ -72,7 +72,7 @@ def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in tokenizer.encode_batch(list(texts))]
 
 
-def _pad(sequences: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> Tensor:
+def pad_ids(sequences: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> Tensor:
     out = torch.full((len(sequences), max(len(s) for s in sequences)), PAD, dtype=torch.long)
     for i, s in enumerate(sequences):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
@@ -99,7 +99,7 @@ class Translator:
         limits = {k: self.decoding[k] for k in ("max_len_a", "max_len_b") if k in self.decoding}
         for start in range(0, len(order), batch_size):
             index = order[start : start + batch_size]
-            src = _pad([sources[i] for i in index], self.device)
+            src = pad_ids([sources[i] for i in index], self.device)
             if beam_size == 1:
                 rows = [r[: r.index(EOS)] if EOS in r else r for r in greedy_decode(
                     self.model, src, bos_id=BOS, eos_id=EOS, **limits).tolist()]  # type: ignore[union-attr]
@@ -138,9 +138,9 @@ class TranslationTask:
         return length_bucketed_batches(self.lengths, max_tokens=self.max_tokens, seed=seed, epoch=epoch)
 
     def loss(self, model: nn.Module, batch: list[int], device: torch.device) -> tuple[Tensor, int]:
-        src = _pad([self.src[i] for i in batch], device)
-        tgt_in = _pad([[BOS] + self.tgt[i] for i in batch], device)
-        tgt_out = _pad([self.tgt[i] + [EOS] for i in batch], device)
+        src = pad_ids([self.src[i] for i in batch], device)
+        tgt_in = pad_ids([[BOS] + self.tgt[i] for i in batch], device)
+        tgt_out = pad_ids([self.tgt[i] + [EOS] for i in batch], device)
         logits = model(src, tgt_in)  # (B, T, V)
         return label_smoothed_loss(logits, tgt_out, self.label_smoothing, PAD), int((tgt_out != PAD).sum())
 
@@ -151,13 +151,12 @@ class TranslationTask:
         total, tokens = 0.0, 0
         for start in range(0, len(src), 64):
             s, t = src[start : start + 64], tgt[start : start + 64]
-            tgt_out = _pad([x + [EOS] for x in t], device)
-            logits = model(_pad(s, device), _pad([[BOS] + x for x in t], device))
+            tgt_out = pad_ids([x + [EOS] for x in t], device)
+            logits = model(pad_ids(s, device), pad_ids([[BOS] + x for x in t], device))
             n = int((tgt_out != PAD).sum())
             total += F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum").item()
             tokens += n
         scores = bleu_and_chrf(translator.translate(self.valid.sources, beam_size=1), self.valid.targets)
-        model.train(False)
         return {"loss": total / tokens, "bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     def checkpoint_config(self) -> dict[str, Any]:
