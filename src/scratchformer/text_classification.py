@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -26,8 +25,8 @@ from scratchformer.data import LabelledTexts, load_labelled_texts
 from scratchformer.encoder_model import EncoderConfig
 from scratchformer.tokenization import TextTokenizer, train_wordpiece
 from scratchformer.training import TrainConfig, Trainer, load_config, load_weights, resolve_device
-from scratchformer.training.recipe import load_recipe, resolve_data_path
-from scratchformer.training.checkpoint import average_checkpoints, resolve_checkpoint
+from scratchformer.training.checkpoint import resolve_checkpoint
+from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
     "ClassificationTask",
@@ -120,7 +119,7 @@ class ClassificationTask:
 
 
 @dataclass
-class ClassifierRecipe:
+class ClassifierRecipe(Recipe):
     """Everything a classification run needs, loadable from JSON (see recipes/imdb.json).
 
     Paths may contain ``{data}``: the shared data directory (``--data-dir``, $SCRATCHFORMER_DATA,
@@ -147,16 +146,6 @@ class ClassifierRecipe:
     average_last: int = 0  # also try the average of the last N evaluated checkpoints (0: off)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.train, dict):
-            self.train = TrainConfig(**self.train)
-
-    @classmethod
-    def from_json(cls, path: str | Path, **overrides: Any) -> ClassifierRecipe:
-        return load_recipe(cls, path, **overrides)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 
@@ -203,12 +192,7 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     }
     chosen = "best"
     if c.average_last > 1:
-        average_checkpoints(sorted(out.glob("step-*"))[-c.average_last :], model)
-        averaged = trainer.evaluate()
-        report["averaged_valid"] = averaged
-        if result.best is None or averaged[c.train.best_metric] >= result.best[c.train.best_metric]:
-            trainer.save("averaged")
-            chosen = "averaged"
+        chosen, report["averaged_valid"] = trainer.average_last(c.average_last, result.best)
     report["test_checkpoint"] = chosen
     if c.test_file:
         best = load_classifier(out / chosen, device=c.train.device)

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -26,8 +25,8 @@ from scratchformer.decoding import beam_search, greedy_decode
 from scratchformer.parallel_data import ParallelTexts, load_parallel_texts
 from scratchformer.tokenization import train_bpe
 from scratchformer.training import TrainConfig, Trainer, load_config, load_weights, resolve_device
-from scratchformer.training.recipe import load_recipe, resolve_data_path
-from scratchformer.training.checkpoint import average_checkpoints, resolve_checkpoint, save_checkpoint
+from scratchformer.training.checkpoint import resolve_checkpoint
+from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.transformer import Transformer, TransformerConfig
 
 __all__ = [
@@ -168,7 +167,7 @@ class TranslationTask:
 
 
 @dataclass
-class TranslationRecipe:
+class TranslationRecipe(Recipe):
     """A translation run, loadable from JSON (see recipes/multi30k_de_en.json); ``{data}`` in paths
     is the shared data directory."""
 
@@ -188,13 +187,6 @@ class TranslationRecipe:
                                                               "max_len_a": 1.2, "max_len_b": 10})
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.train, dict):
-            self.train = TrainConfig(**self.train)
-
-    @classmethod
-    def from_json(cls, path: str | Path, **overrides: Any) -> TranslationRecipe:
-        return load_recipe(cls, path, **overrides)
 
 
 def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
@@ -213,24 +205,16 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
     task = TranslationTask(tokenizer, train, valid, config, r.max_tokens, r.label_smoothing, r.max_length, r.decoding)
     if r.average_last > r.train.keep_checkpoints:
         r.train.keep_checkpoints = r.average_last
-    result = Trainer(model, task, r.train).fit(resume=resume)
+    trainer = Trainer(model, task, r.train)
+    result = trainer.fit(resume=resume)
     out = Path(r.train.out_dir)
     report: dict[str, Any] = {
         "parameters": model.num_parameters(), "train_pairs": len(task.src), "filtered_long": task.filtered,
         "skipped": train.skipped, "seconds_train": result.seconds, "best_valid": result.best,
     }
-    device = resolve_device(r.train.device)
     chosen = "best"
     if r.average_last > 1:
-        snapshots = sorted(out.glob("step-*"))[-r.average_last :]
-        average_checkpoints(snapshots, model)
-        averaged = Translator(model.to(device), tokenizer, r.decoding, device)
-        valid_avg = bleu_and_chrf(averaged.translate(valid.sources, beam_size=1), valid.targets)
-        report["averaged_valid_bleu"] = valid_avg["bleu"]
-        if result.best is None or valid_avg["bleu"] > result.best.get("bleu", 0.0):
-            save_checkpoint(out / "averaged", model, dict(task.checkpoint_config(), training=dataclasses.asdict(r.train)),
-                            None, task.save_files)
-            chosen = "averaged"
+        chosen, report["averaged_valid"] = trainer.average_last(r.average_last, result.best)
     report["test_checkpoint"] = chosen
     if r.test_source and r.test_target:
         test = load_pair(r.test_source, r.test_target)

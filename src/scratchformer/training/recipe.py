@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from scratchformer.training.trainer import TrainConfig
 
-__all__ = ["load_recipe", "resolve_data_path"]
+__all__ = ["Recipe", "load_recipe", "resolve_data_path"]
 
 R = TypeVar("R")
 
@@ -23,6 +23,23 @@ def load_recipe(cls: type[R], path: str | Path, **overrides: Any) -> R:
         raise ValueError(f"{path}: unknown recipe fields {unknown}")
     train = dict(data.pop("train", {}), **overrides.pop("train", {}))
     return cls(**{**data, **overrides}, train=TrainConfig(**train))  # type: ignore[call-arg]
+
+
+class Recipe:
+    """Base of the task recipes (dataclasses with a ``train: TrainConfig`` field)."""
+
+    train: TrainConfig
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train, dict):
+            self.train = TrainConfig(**self.train)
+
+    @classmethod
+    def from_json(cls: type[R], path: str | Path, **overrides: Any) -> R:
+        return load_recipe(cls, path, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
 def resolve_data_path(path: str | None, data_dir: str | Path) -> str | None:

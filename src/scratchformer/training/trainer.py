@@ -20,7 +20,12 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from scratchformer.training.checkpoint import load_training_state, load_weights, save_checkpoint
+from scratchformer.training.checkpoint import (
+    average_checkpoints,
+    load_training_state,
+    load_weights,
+    save_checkpoint,
+)
 from scratchformer.training.metrics import MetricsLog, plot_curves
 from scratchformer.training.schedule import SCHEDULES, lr_multiplier
 
@@ -195,6 +200,25 @@ class Trainer:
         """Write the model as checkpoint ``out_dir/name`` (atomically), with the task's files."""
         config = dict(self.task.checkpoint_config(), training=asdict(self.config))
         save_checkpoint(self.out_dir / name, self.model, config, training_state, self.task.save_files)
+
+    def average_last(self, n: int, best: dict[str, float] | None) -> tuple[str, dict[str, float]]:
+        """Load the mean of the last ``n`` kept snapshots into the model and evaluate it; save it
+        as ``averaged/`` if it is at least as good as ``best`` on ``best_metric``.
+
+        Returns the name of the checkpoint to use ("averaged" or "best") and the averaged metrics.
+        """
+        snapshots = sorted(self.out_dir.glob("step-*"))[-n:]
+        if not snapshots:
+            raise ValueError(f"no step-* snapshots in {self.out_dir} to average (set keep_checkpoints)")
+        average_checkpoints(snapshots, self.model)
+        metrics = self.evaluate()
+        key = self.config.best_metric
+        at_least_as_good = best is None or (
+            metrics[key] >= best[key] if self.config.best_mode == "max" else metrics[key] <= best[key]
+        )
+        if at_least_as_good:
+            self.save("averaged")
+        return ("averaged" if at_least_as_good else "best"), metrics
 
     def fit(self, resume: bool = False, on_step: Any = None) -> TrainResult:
         """Train to ``max_steps`` (or ``epochs``). ``resume`` continues from ``out_dir/last``.
