@@ -24,8 +24,8 @@ from scratchformer.classifier import ClassifierConfig, TextClassifier
 from scratchformer.data import LabelledTexts, load_labelled_texts
 from scratchformer.encoder_model import EncoderConfig
 from scratchformer.tokenization import TextTokenizer, train_wordpiece
-from scratchformer.training import TrainConfig, Trainer, load_config, load_weights, resolve_device
-from scratchformer.training.checkpoint import resolve_checkpoint
+from scratchformer.training import TrainConfig, Trainer, load_weights, resolve_device
+from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
@@ -229,10 +229,7 @@ class LoadedClassifier:
 
 def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassifier:
     """Load a checkpoint written by :func:`train_classifier` (weights via safetensors)."""
-    directory = resolve_checkpoint(directory)
-    config = load_config(directory)
-    if config.get("kind") != "text_classifier":
-        raise ValueError(f"{directory} holds a {config.get('kind')!r} checkpoint, not a text_classifier")
+    directory, config = open_checkpoint(directory, "text_classifier")
     model = TextClassifier(ClassifierConfig.from_dict(config["model"]))
     load_weights(model, directory)
     settings = config["tokenizer"]

@@ -24,8 +24,8 @@ from scratchformer.batching import length_bucketed_batches
 from scratchformer.decoding import beam_search, greedy_decode
 from scratchformer.parallel_data import ParallelTexts, load_parallel_texts
 from scratchformer.tokenization import train_bpe
-from scratchformer.training import TrainConfig, Trainer, load_config, load_weights, resolve_device
-from scratchformer.training.checkpoint import resolve_checkpoint
+from scratchformer.training import TrainConfig, Trainer, load_weights, resolve_device
+from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.transformer import Transformer, TransformerConfig
 
@@ -230,10 +230,7 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
 
 
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:
-    directory = resolve_checkpoint(directory)
-    config = load_config(directory)
-    if config.get("kind") != "translation":
-        raise ValueError(f"{directory} holds a {config.get('kind')!r} checkpoint, not a translation model")
+    directory, config = open_checkpoint(directory, "translation")
     model = Transformer(TransformerConfig.from_dict(config["model"]))
     load_weights(model, directory)
     dev = resolve_device(device)

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
-__all__ = ["average_checkpoints", "load_config", "load_training_state", "load_weights", "resolve_checkpoint", "save_checkpoint"]
+__all__ = ["average_checkpoints", "load_config", "open_checkpoint", "load_training_state", "load_weights", "resolve_checkpoint", "save_checkpoint"]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
 
@@ -82,6 +82,15 @@ def resolve_checkpoint(directory: str | Path) -> Path:
 
 def load_config(directory: str | Path) -> dict[str, Any]:
     return json.loads((resolve_checkpoint(directory) / CONFIG).read_text())
+
+
+def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, Any]]:
+    """(the directory to read, its config.json), checking that it holds a ``kind`` checkpoint."""
+    directory = resolve_checkpoint(directory)
+    config = load_config(directory)
+    if config.get("kind") != kind:
+        raise ValueError(f"{directory} holds a {config.get('kind')!r} checkpoint, not a {kind}")
+    return directory, config
 
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:
