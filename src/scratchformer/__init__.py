@@ -5,14 +5,16 @@ Shape letters: B batch, S source length, T target length, D model width, H heads
 """
 
 from scratchformer.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from scratchformer.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.decoder import Decoder, DecoderCache, DecoderLayer, DecoderLayerCache
-from scratchformer.decoding import greedy_decode
+from scratchformer.decoding import beam_search, greedy_decode
 from scratchformer.embedding import TokenEmbedding
 from scratchformer.encoder import Encoder, EncoderLayer
 from scratchformer.encoder_model import ContextualEncoder, EncoderConfig, EncoderEmbedding
 from scratchformer.feedforward import PositionwiseFeedForward
 from scratchformer.layer_norm import LayerNorm
 from scratchformer.masks import causal_mask, combine_masks, padding_mask
+from scratchformer.patch_embedding import PatchEmbedding
 from scratchformer.pooling import masked_mean, pool
 from scratchformer.positional import (
     LearnedPositionalEmbedding,
@@ -26,6 +28,8 @@ from scratchformer.transformer import Transformer, TransformerConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "CaptioningConfig",
+    "CaptioningTransformer",
     "CheckpointError",
     "ContextualEncoder",
     "Decoder",
@@ -40,6 +44,7 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "PatchEmbedding",
     "PositionwiseFeedForward",
     "SentenceEncoder",
     "SinusoidalPositionalEncoding",
@@ -48,6 +53,7 @@ __all__ = [
     "TokenEmbedding",
     "Transformer",
     "TransformerConfig",
+    "beam_search",
     "causal_mask",
     "combine_masks",
     "greedy_decode",

@@ -119,6 +119,52 @@ def _train_translation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_captioner(args: argparse.Namespace) -> int:
+    import json
+
+    from scratchformer.data import default_data_dir
+    from scratchformer.image_captioning import CaptioningRecipe, train_captioner
+
+    recipe = CaptioningRecipe.from_json(args.config, train=_train_overrides(args))
+    report = train_captioner(recipe, args.data_dir or default_data_dir(), resume=args.resume)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _caption(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from scratchformer.image_captioning import load_captioner
+
+    captioner = load_captioner(args.checkpoint, device=args.device)
+    try:
+        images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    for path, caption in zip(args.images, captioner.caption(images, beam_size=args.beam)):
+        print(f"{path}\t{caption}")
+    if args.attention_png:
+        out = Path(args.attention_png)
+        for i, image in enumerate(images):
+            target = out if len(images) == 1 else out.with_name(f"{out.stem}-{i}{out.suffix}")
+            captioner.plot_attention(image, target)
+            print(f"attention: {target}", file=sys.stderr)
+    return 0
+
+
+def _shapes(args: argparse.Namespace) -> int:
+    from scratchformer.caption_data import save_caption_folder
+    from scratchformer.shapes_scenes import shape_scene_splits
+
+    size = {"train": "train_size", "valid": "valid_size"}.get(args.split, "test_size")
+    sizes = {"train_size": 0, "valid_size": 0, "test_size": 0, size: args.count}
+    split = shape_scene_splits(seed=args.seed, **sizes)[args.split]
+    print(f"wrote {len(split)} images and {save_caption_folder(split, args.out, args.split)}")
+    return 0
+
+
 def _translate(args: argparse.Namespace) -> int:
     from scratchformer.translation import load_translator, read_lines
 
@@ -161,8 +207,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     from scratchformer.text_classification import load_classifier
     from scratchformer.training import load_config
 
-    if load_config(args.checkpoint).get("kind") == "translation":
+    kind = load_config(args.checkpoint).get("kind")
+    if kind == "translation":
         return _evaluate_translation(args)
+    if kind == "captioning":
+        return _evaluate_captioning(args)
     if not args.data:
         raise SystemExit("error: --data FILE is required to evaluate a classifier")
 
@@ -199,6 +248,27 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
             f.write("\n".join(hypotheses) + "\n")
     print(json.dumps(scores, indent=2) if args.json else
           f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n']} sentences; {scores['bleu_signature']})")
+    return 0
+
+
+def _evaluate_captioning(args: argparse.Namespace) -> int:
+    import json
+
+    from scratchformer.caption_data import load_caption_folder
+    from scratchformer.image_captioning import load_captioner
+
+    if not (args.captions and args.images):
+        raise SystemExit("error: --captions TSV and --images DIR are required to evaluate a captioning model")
+    captioner = load_captioner(args.checkpoint, device=args.device)
+    examples, _ = load_caption_folder(args.captions, args.images, captioner.model.config.image_size
+                                      if captioner.model.config.input == "pixels" else None)
+    scores = captioner.evaluate(examples, beam_size=args.beam)
+    hypotheses = scores.pop("hypotheses")
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write("\n".join(hypotheses) + "\n")
+    print(json.dumps(scores, indent=2) if args.json else
+          f"BLEU-4 {scores['bleu4']:.2f}  exact match {scores['exact_match']:.1%}  ({scores['n']} images)")
     return 0
 
 
@@ -261,6 +331,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_options(mt)
     mt.set_defaults(func=_train_translation)
 
+    cap = train.add_parser("captioner", help="image captioning (e.g. the built-in shape scenes) from a recipe")
+    cap.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/shapes_captioning.json)")
+    _add_training_options(cap)
+    cap.set_defaults(func=_train_captioner)
+
+    caption = sub.add_parser("caption", help="caption image files with a captioning checkpoint")
+    caption.add_argument("--checkpoint", required=True)
+    caption.add_argument("images", nargs="+", help="image files (PNG, JPEG)")
+    caption.add_argument("--beam", type=int, default=None, help="beam size (default: the recipe's; 1 = greedy)")
+    caption.add_argument("--resize", action="store_true", help="resize images to the model's size (default: error)")
+    caption.add_argument("--attention-png", help="write each word's cross-attention over the image here "
+                         "(several images: NAME-0.png, NAME-1.png, ...)")
+    caption.add_argument("--device", default="auto")
+    caption.set_defaults(func=_caption)
+
+    shapes = sub.add_parser("shapes", help="write rendered shape scenes as PNGs with a captions TSV")
+    shapes.add_argument("--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout")
+    shapes.add_argument("--count", type=int, default=8)
+    shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--out", default="shapes")
+    shapes.set_defaults(func=_shapes)
+
     translate = sub.add_parser("translate", help="translate stdin to stdout, one sentence per line (streaming)")
     translate.add_argument("--checkpoint", required=True)
     translate.add_argument("--beam", type=int, default=None, help="beam size (default: the recipe's; 1 = greedy)")
@@ -276,13 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--beam", type=int, default=5)
     attention.set_defaults(func=_attention)
 
-    evaluate = sub.add_parser("evaluate", help="score a checkpoint: a classifier (accuracy, F1) or a translator (BLEU, chrF)")
+    evaluate = sub.add_parser("evaluate", help="score a checkpoint: a classifier (accuracy, F1), a translator (BLEU, chrF) "
+                              "or a captioner (BLEU-4, exact match)")
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--data", help="classifier: JSONL/CSV file with text and label")
     evaluate.add_argument("--source", help="translation: source sentences, one per line (.gz ok)")
     evaluate.add_argument("--reference", help="translation: reference translations, one per line")
-    evaluate.add_argument("--beam", type=int, default=None, help="translation: beam size (default: the recipe's)")
-    evaluate.add_argument("--output", help="translation: write the hypotheses here")
+    evaluate.add_argument("--captions", help="captioning: captions TSV (image_id<TAB>caption)")
+    evaluate.add_argument("--images", help="captioning: the folder of images or feature files")
+    evaluate.add_argument("--beam", type=int, default=None, help="translation/captioning: beam size (default: the recipe's)")
+    evaluate.add_argument("--output", help="translation/captioning: write the hypotheses here")
     evaluate.add_argument("--text-field", default="text")
     evaluate.add_argument("--label-field", default="label")
     evaluate.add_argument("--batch-size", type=int, default=64)

@@ -1,4 +1,5 @@
-"""Autoregressive decoding for the encoder-decoder :class:`~scratchformer.Transformer`.
+"""Autoregressive decoding for encoder-decoder models: the :class:`~scratchformer.Transformer`,
+the :class:`~scratchformer.CaptioningTransformer`, anything with their :class:`EncoderDecoder` interface.
 
 Greedy and beam search feed one new token per step and reuse a :class:`~scratchformer.DecoderCache`:
 each step costs one position, not the whole prefix again, and the encoder's keys/values for
@@ -10,22 +11,39 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from scratchformer.transformer import Transformer
+from scratchformer.decoder import Decoder, DecoderCache
 
-__all__ = ["Hypothesis", "beam_search", "greedy_decode", "max_decode_length"]
+__all__ = ["EncoderDecoder", "Hypothesis", "beam_search", "greedy_decode", "max_decode_length"]
 
 
-def max_decode_length(model: Transformer, src_len: int, max_len_a: float, max_len_b: int) -> int:
+class EncoderDecoder(Protocol):
+    """What decoding needs: ``config`` with ``pad_id``, ``tgt_vocab_size`` and ``max_len``; the
+    source encoded once; the decoder fed new tokens with a cache."""
+
+    config: Any
+    decoder: Decoder
+    training: bool
+
+    def source_padding_mask(self, src: Tensor) -> Tensor | None: ...
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor: ...
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None, *,
+               cache: DecoderCache | None = None) -> Tensor: ...
+
+
+def max_decode_length(model: EncoderDecoder, src_len: int, max_len_a: float, max_len_b: int) -> int:
     """New tokens allowed for a source of ``src_len``: a * S + b (fairseq), within the model's max_len."""
     return max(1, min(int(max_len_a * src_len + max_len_b), model.config.max_len - 1))
 
 
 def _start(
-    model: Transformer, src: Tensor, bos_id: int, eos_id: int, src_padding_mask: Tensor | None
+    model: EncoderDecoder, src: Tensor, bos_id: int, eos_id: int, src_padding_mask: Tensor | None
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """Check the ids, encode the source once: (memory, source mask, ids never to generate)."""
     if eos_id == model.config.pad_id:
@@ -45,7 +63,7 @@ def _start(
 
 @torch.no_grad()
 def greedy_decode(
-    model: Transformer,
+    model: EncoderDecoder,
     src: Tensor,
     *,
     bos_id: int,
@@ -109,7 +127,7 @@ class Hypothesis:
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: EncoderDecoder,
     src: Tensor,
     *,
     bos_id: int,

@@ -1,0 +1,183 @@
+"""Image captioning Transformer (cs231n's CaptioningTransformer, grown up).
+
+The image becomes the decoder's *memory*; a masked Transformer decoder writes the caption
+word by word, attending to it:
+
+    memory = Encoder(PatchEmbedding(pixels))      from pixels: a small ViT made of our layers
+    memory = Linear(features)                     from CNN features (N, D_img) or regions (N, R, D_img)
+    logits = Generator(Decoder(Embed(caption), memory))
+
+It has the encoder-decoder interface of :class:`~scratchformer.Transformer` (``encode``,
+``decode`` with a key/value cache, ``decoder.new_cache()``), so :func:`~scratchformer.greedy_decode`
+and :func:`~scratchformer.beam_search` caption images unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from scratchformer.decoder import Decoder, DecoderCache, DecoderLayer
+from scratchformer.embedding import TokenEmbedding
+from scratchformer.encoder import Encoder, EncoderLayer
+from scratchformer.layer_norm import LayerNorm
+from scratchformer.patch_embedding import PatchEmbedding
+from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from scratchformer.validation import check_features, check_model_config, check_tokens
+
+__all__ = ["CaptioningConfig", "CaptioningTransformer"]
+
+
+@dataclass
+class CaptioningConfig:
+    """Hyper-parameters of :class:`CaptioningTransformer`.
+
+    Attributes:
+        vocab_size: V, caption words (with the special words).
+        input: "pixels" (images, through a patch embedding and an encoder) or "features"
+            (precomputed image features, projected to D).
+        image_size, channels, patch_size: H = W, C and P of the images ("pixels").
+        feature_dim: D_img of the features ("features").
+        d_model: D.  num_heads: H.  d_ff: feed-forward inner width.
+        num_encoder_layers: encoder layers over the patches or regions (0 with "features":
+            the projected features are the memory, as in cs231n).
+        num_decoder_layers: caption decoder layers.
+        dropout, attention_dropout, activation, norm_first, layer_norm_eps, bias: as
+            :class:`~scratchformer.TransformerConfig` (pre-LN by default: it trains a ViT stably).
+        max_len: longest caption in tokens, <START> included.
+        positional: caption positions, "sinusoidal" or "learned".
+        tie_output: the output projection reuses the word embedding matrix.
+        pad_id: the padding word id (cs231n's <NULL> is 0).
+    """
+
+    vocab_size: int
+    input: str = "pixels"
+    image_size: int = 64
+    channels: int = 3
+    patch_size: int = 8
+    feature_dim: int = 512
+    d_model: int = 256
+    num_heads: int = 4
+    d_ff: int = 1024
+    num_encoder_layers: int = 3
+    num_decoder_layers: int = 3
+    dropout: float = 0.1
+    attention_dropout: float | None = None
+    activation: str = "relu"
+    norm_first: bool = True
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+    max_len: int = 32
+    positional: str = "sinusoidal"
+    tie_output: bool = True
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        check_model_config(self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len", "image_size",
+                                  "channels", "patch_size", "feature_dim", "num_decoder_layers"), (self.vocab_size,))
+        if self.input not in ("pixels", "features"):
+            raise ValueError(f"input: expected 'pixels' or 'features', got {self.input!r}")
+        if self.input == "pixels" and self.image_size % self.patch_size:
+            raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
+        if self.num_encoder_layers < 0:
+            raise ValueError(f"num_encoder_layers must be >= 0, got {self.num_encoder_layers}")
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        """The decoding functions' name for V."""
+        return self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaptioningConfig:
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"CaptioningConfig: unknown fields {unknown}")
+        return cls(**data)
+
+
+class CaptioningTransformer(nn.Module):
+    """Image -> memory -> Transformer decoder -> next-word logits.
+
+    Example:
+        >>> model = CaptioningTransformer(CaptioningConfig(vocab_size=40, d_model=64, d_ff=128))
+        >>> logits = model(images, captions)   # (B, 3, 64, 64), (B, T) -> (B, T, V)
+        >>> greedy_decode(model.eval(), images, bos_id=1, eos_id=2, max_len_a=0, max_len_b=20)
+    """
+
+    def __init__(self, config: CaptioningConfig):
+        super().__init__()
+        self.config = c = config
+        self.visual: nn.Module = (
+            PatchEmbedding(c.image_size, c.patch_size, c.channels, c.d_model)
+            if c.input == "pixels"
+            else nn.Linear(c.feature_dim, c.d_model)  # cs231n's visual_projection
+        )
+        args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps, c.bias,
+                c.attention_dropout)
+
+        def final_norm(layers: int) -> LayerNorm | None:
+            return LayerNorm(c.d_model, c.layer_norm_eps) if c.norm_first and layers else None
+
+        self.encoder = Encoder([EncoderLayer(*args) for _ in range(c.num_encoder_layers)], final_norm(c.num_encoder_layers))
+        self.embed = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.pos = (LearnedPositionalEmbedding(c.max_len, c.d_model) if c.positional == "learned"
+                    else SinusoidalPositionalEncoding(c.d_model, c.max_len))
+        self.dropout = nn.Dropout(c.dropout)
+        self.decoder = Decoder([DecoderLayer(*args) for _ in range(c.num_decoder_layers)], final_norm(c.num_decoder_layers))
+        self.generator = nn.Linear(c.d_model, c.vocab_size, bias=not c.tie_output)
+        if c.tie_output:
+            self.generator.weight = self.embed.weight
+        else:
+            nn.init.xavier_uniform_(self.generator.weight)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def source_padding_mask(self, images: Tensor) -> Tensor | None:
+        """Every patch or region is real: no memory padding (the decoding functions ask)."""
+        return None
+
+    def encode(self, images: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """Image -> memory (B, N, D).
+
+        ``images``: with input "pixels", (B, C, H, W) uint8 (0-255) or float (0-1); with
+        "features", (B, D_img) (one memory slot) or (B, R, D_img) (R regions).
+        ``src_padding_mask`` must be None (kept for the decoding functions' interface).
+        """
+        if src_padding_mask is not None:
+            raise ValueError("src_padding_mask: images have no padding; pass None")
+        c = self.config
+        if c.input == "pixels":
+            if images.dtype == torch.uint8:
+                images = images.float() / 255.0
+            x = self.visual(images)  # (B, N, D), checks the shape
+        else:
+            if images.dim() == 2:
+                images = images[:, None, :]  # one vector per image: a memory of length 1
+            check_features("features", images, "(B, D_img) or (B, R, D_img)", c.feature_dim)
+            x = self.visual(images)
+        return self.encoder(self.dropout(x))
+
+    def decode(self, captions: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None,
+               cache: DecoderCache | None = None) -> Tensor:
+        """Next-word logits (B, T, V) for ``captions`` (B, T) word ids (with a ``cache``: only the new
+        words) given ``memory`` (B, N, D). The decoder's self-attention is causal."""
+        offset = len(cache) if cache is not None else 0
+        check_tokens("captions", captions, self.config.vocab_size)
+        if offset + captions.shape[1] > self.config.max_len:
+            raise ValueError(f"captions: length {offset + captions.shape[1]} exceeds max_len={self.config.max_len}")
+        check_features("memory", memory, "(B, N, D)", self.config.d_model, batch=captions.shape[0])
+        x = self.dropout(self.pos(self.embed(captions), offset=offset))
+        return self.generator(self.decoder(x, memory, memory_key_padding_mask=src_padding_mask, cache=cache))
+
+    def forward(self, images: Tensor, captions: Tensor) -> Tensor:
+        """Teacher forcing: images (see :meth:`encode`), captions (B, T) starting with <START>
+        -> (B, T, V) logits of each next word."""
+        return self.decode(captions, self.encode(images))

@@ -1,0 +1,318 @@
+"""Image captioning: the model, the rendered-scene benchmark, the loaders, training, decoding, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from scratchformer import CaptioningConfig, CaptioningTransformer, PatchEmbedding, beam_search, greedy_decode
+from scratchformer.caption_data import (
+    CaptionExamples,
+    Vocabulary,
+    load_caption_folder,
+    load_cs231n_captions,
+    save_caption_folder,
+    tokenize_caption,
+)
+from scratchformer.cli import main
+from scratchformer.image_captioning import (
+    CaptioningRecipe,
+    caption_scores,
+    load_captioner,
+    train_captioner,
+)
+from scratchformer.shapes_scenes import COLOURS, held_out_pairs, shape_scene_splits
+from scratchformer.training import TrainConfig
+
+END = Vocabulary.end_id
+
+
+def tiny_config(**overrides) -> CaptioningConfig:
+    args = {"vocab_size": 30, "image_size": 16, "patch_size": 4, "d_model": 32, "num_heads": 2, "d_ff": 64,
+            "num_encoder_layers": 1, "num_decoder_layers": 2, "dropout": 0.0, "max_len": 12}
+    return CaptioningConfig(**{**args, **overrides})
+
+
+# ---------------------------------------------------------------- model
+
+
+def test_patch_embedding_equals_a_strided_convolution() -> None:
+    """ViT's patch projection is a Conv2d with kernel = stride = P: same weights, same output."""
+    torch.manual_seed(0)
+    ours = PatchEmbedding(image_size=16, patch_size=4, channels=3, d_model=8)
+    conv = nn.Conv2d(3, 8, kernel_size=4, stride=4)
+    with torch.no_grad():
+        conv.weight.copy_(ours.proj.weight.view(8, 3, 4, 4))
+        conv.bias.copy_(ours.proj.bias)
+    images = torch.rand(2, 3, 16, 16)
+    reference = conv(images).flatten(2).transpose(1, 2)  # (B, N, D), row-major patches
+    positions = (ours.row[:, None] + ours.col[None, :]).reshape(16, 8)
+    torch.testing.assert_close(ours(images), reference + positions, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("images", "message"),
+    [
+        (torch.rand(2, 1, 16, 16), "expected 3 channels"),
+        (torch.rand(2, 3, 32, 32), "expected 16x16 pixels"),
+        (torch.rand(3, 16, 16), "3 dims"),
+        (torch.randint(0, 255, (2, 3, 16, 16), dtype=torch.int32), "floating-point"),
+    ],
+)
+def test_wrong_images_are_clear_errors(images: torch.Tensor, message: str) -> None:
+    model = CaptioningTransformer(tiny_config())
+    with pytest.raises((ValueError, TypeError), match=message):
+        model(images, torch.ones(images.shape[0], 3, dtype=torch.long))
+
+
+def test_features_input_and_its_errors() -> None:
+    model = CaptioningTransformer(tiny_config(input="features", feature_dim=10, num_encoder_layers=0))
+    captions = torch.ones(2, 5, dtype=torch.long)
+    assert model(torch.randn(2, 10), captions).shape == (2, 5, 30)  # one vector per image (cs231n)
+    assert model(torch.randn(2, 7, 10), captions).shape == (2, 5, 30)  # region features
+    with pytest.raises(ValueError, match="last dim 10"):
+        model(torch.randn(2, 11), captions)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.randn(2, 10), torch.full((2, 3), 30))
+    with pytest.raises(ValueError, match="exceeds max_len=12"):
+        model(torch.randn(2, 10), torch.ones(2, 13, dtype=torch.long))
+    with pytest.raises(ValueError, match="patch_size=5 must divide"):
+        tiny_config(patch_size=5)
+
+
+def test_uint8_images_are_read_as_0_to_1() -> None:
+    model = CaptioningTransformer(tiny_config()).eval()
+    images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+    torch.testing.assert_close(model.encode(images), model.encode(images.float() / 255))
+
+
+def test_cached_and_uncached_generation_agree() -> None:
+    torch.manual_seed(1)
+    model = CaptioningTransformer(tiny_config(dropout=0.1)).eval()
+    images = torch.rand(4, 3, 16, 16)
+    args = {"bos_id": 1, "eos_id": END, "max_len_a": 0.0, "max_len_b": 11, "return_logits": True}
+    cached, cached_logits = greedy_decode(model, images, use_cache=True, **args)
+    full, full_logits = greedy_decode(model, images, use_cache=False, **args)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(cached_logits, full_logits, atol=1e-5, rtol=1e-5)
+    assert cached.shape[1] == 11 and (cached[:, -1] == END).all()  # an untrained model hits the limit
+
+
+def test_generation_stops_at_end() -> None:
+    """A decoder that says <END> at step 3: greedy stops there (no further decoder call); beam
+    search's best hypothesis ends there, and every hypothesis ends with exactly one <END>."""
+    model = CaptioningTransformer(tiny_config()).eval()
+    original, calls = model.decode, []
+
+    def scripted(captions, memory, src_padding_mask=None, cache=None):
+        logits = original(captions, memory, src_padding_mask, cache=cache)
+        step = len(calls)
+        calls.append(step)
+        favourite = torch.full_like(logits, -10.0)
+        favourite[..., 5 + step] = 0.0  # words 5, 6, then <END>
+        if step == 2:
+            favourite[..., END] = 10.0
+        return favourite
+
+    model.decode = scripted  # type: ignore[method-assign]
+    out = greedy_decode(model, torch.rand(2, 3, 16, 16), bos_id=1, eos_id=END, max_len_a=0.0, max_len_b=11)
+    assert out.tolist() == [[5, 6, END]] * 2 and len(calls) == 3
+    calls.clear()
+    hyps = beam_search(model, torch.rand(1, 3, 16, 16), bos_id=1, eos_id=END, beam_size=2, n_best=2,
+                       max_len_a=0.0, max_len_b=11)
+    assert hyps[0][0].tokens == [5, 6, END]
+    assert all(h.tokens.count(END) == 1 and h.tokens[-1] == END for h in hyps[0])
+
+
+# ---------------------------------------------------------------- the rendered scenes
+
+
+def test_scene_splits_hold_out_colour_shape_pairs_and_are_deterministic() -> None:
+    splits = shape_scene_splits(seed=3, train_size=300, valid_size=20, test_size=100)
+    again = shape_scene_splits(seed=3, train_size=300, valid_size=20, test_size=100)
+    assert torch.equal(splits["train"].inputs, again["train"].inputs)
+    assert splits["train"].inputs.shape == (300, 3, 64, 64) and splits["train"].inputs.dtype == torch.uint8
+    held = {f"{c} {s}" for c, s in held_out_pairs(3)}
+    assert len(held) == 3
+    for name in ("train", "valid", "test_seen"):
+        assert not any(h in c for refs in splits[name].references for c in refs for h in held), name
+    assert all(any(h in refs[0] for h in held) for refs in splits["test_heldout"].references)
+    assert all(len(refs) == 4 for refs in splits["train"].references)
+
+
+def test_scene_images_show_the_colours_their_captions_name() -> None:
+    """Independent of the renderer's code: every colour a caption names covers pixels of the image
+    (within the colour jitter), and no other palette colour appears at all."""
+    splits = shape_scene_splits(seed=0, train_size=200, valid_size=1, test_size=1)
+    palette = {name: torch.tensor(rgb, dtype=torch.float32) for name, rgb in COLOURS.items()}
+    for image, refs in zip(splits["train"].inputs, splits["train"].references):
+        pixels = image.float().flatten(1).T  # (H*W, 3)
+        named = {w for w in refs[0].split() if w in palette}
+        for colour, rgb in palette.items():
+            present = int(((pixels - rgb).abs().max(dim=1).values < 40).sum())
+            assert (present >= 20) if colour in named else (present == 0), (refs[0], colour, present)
+
+
+# ---------------------------------------------------------------- data loaders and metrics
+
+
+def _vocab() -> Vocabulary:
+    return Vocabulary.build(["a dog runs", "a cat sleeps on a mat"])
+
+
+def test_cs231n_files_load_from_hdf5_and_npz(tmp_path: Path) -> None:
+    vocab = _vocab()
+    captions = np.zeros((5, 8), dtype=np.int64)  # <START> words <END> <NULL>..., cs231n's layout
+    texts = ["a dog runs", "a cat sleeps", "a dog", "a cat sleeps on a mat", "a dog runs"]
+    for row, text in zip(captions, texts):
+        ids = [vocab.start_id] + vocab.encode(text) + [vocab.end_id]
+        row[: len(ids)] = ids
+    arrays = {"train_captions": captions, "train_image_idxs": np.array([0, 1, 0, 2, 1]),
+              "val_captions": captions[:2], "val_image_idxs": np.array([1, 0])}
+    features = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+    (tmp_path / "coco2014_vocab.json").write_text(json.dumps(vocab.to_json()))
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "coco2014_captions.h5", "w") as f:
+        for key, value in arrays.items():
+            f[key] = value
+    with h5py.File(tmp_path / "train2014_vgg16_fc7_pca.h5", "w") as f:
+        f["features"] = features
+    np.savez(tmp_path / "val2014_vgg16_fc7_pca.npz", features=features[:2])
+
+    train, loaded_vocab = load_cs231n_captions(tmp_path, "train")
+    assert loaded_vocab.words == vocab.words
+    assert train.references == [["a dog runs", "a dog"], ["a cat sleeps", "a dog runs"], ["a cat sleeps on a mat"]]
+    torch.testing.assert_close(train.inputs, torch.from_numpy(features))
+    val, _ = load_cs231n_captions(tmp_path, "val")  # .npz features next to .h5 captions
+    assert val.references == [["a cat sleeps"], ["a dog runs"]]  # grouped by image index
+    with pytest.raises(FileNotFoundError, match="val2014_vgg16_fc7"):
+        load_cs231n_captions(tmp_path, "val", pca_features=False)
+
+
+def test_caption_folder_with_images_or_feature_files(tmp_path: Path) -> None:
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i, colour in enumerate([(255, 0, 0), (0, 0, 255)]):
+        Image.new("RGB", (20, 20), colour).save(images / f"im{i}.png")
+    tsv = tmp_path / "captions.tsv"
+    tsv.write_text("im0.png#0\tA red square.\nim0.png#1\tred\nim1\ta blue square\n")
+    examples, ids = load_caption_folder(tsv, images)
+    assert ids == ["im0.png", "im1"] and examples.references == [["A red square.", "red"], ["a blue square"]]
+    assert examples.inputs.shape == (2, 3, 20, 20) and examples.inputs[0, 0, 0, 0] == 255
+    resized, _ = load_caption_folder(tsv, images, image_size=8)
+    assert resized.inputs.shape == (2, 3, 8, 8)
+
+    features = tmp_path / "features"
+    features.mkdir()
+    for i in range(2):
+        np.save(features / f"im{i}.npy", np.full((4, 5), i, dtype=np.float32))
+    (tmp_path / "f.tsv").write_text("im0\ta\nim1\tb\n")
+    examples, _ = load_caption_folder(tmp_path / "f.tsv", features)
+    assert examples.inputs.shape == (2, 4, 5) and examples.inputs.dtype == torch.float32
+    (tmp_path / "bad.tsv").write_text("im9\tmissing\n")
+    with pytest.raises(FileNotFoundError, match="im9"):
+        load_caption_folder(tmp_path / "bad.tsv", features)
+    (tmp_path / "notab.tsv").write_text("im0 no tab\n")
+    with pytest.raises(ValueError, match="notab.tsv:1"):
+        load_caption_folder(tmp_path / "notab.tsv", features)
+
+
+def test_saved_caption_folder_loads_back_exactly(tmp_path: Path) -> None:
+    scenes = shape_scene_splits(seed=1, train_size=0, valid_size=0, test_size=3)["test_seen"]
+    tsv = save_caption_folder(scenes, tmp_path / "scenes", "seen")
+    loaded, ids = load_caption_folder(tsv, tmp_path / "scenes")
+    assert ids == ["seen-0000.png", "seen-0001.png", "seen-0002.png"]
+    assert torch.equal(loaded.inputs, scenes.inputs) and loaded.references == scenes.references
+
+
+def test_vocabulary_round_trip_and_unknown_words() -> None:
+    vocab = _vocab()
+    assert vocab.words[:4] == ["<NULL>", "<START>", "<END>", "<UNK>"] and vocab.words[4] == "a"
+    assert tokenize_caption("A dog, running.") == ["a", "dog", ",", "running", "."]
+    ids = vocab.encode("a zebra runs")
+    assert ids[1] == vocab.unk_id and vocab.decode(ids + [vocab.end_id, 5]) == "a <UNK> runs"
+    assert Vocabulary.from_json(json.loads(json.dumps(vocab.to_json()))).words == vocab.words
+
+
+def test_caption_scores_use_every_reference() -> None:
+    from sacrebleu.metrics import BLEU
+
+    hyps = ["a red circle above a blue square", "a small cat"]
+    refs = [["a blue square below a red circle", "a red circle above a blue square"], ["one small cat"]]
+    scores = caption_scores(hyps, refs)
+    expected = BLEU().corpus_score(hyps, [[refs[0][0], refs[1][0]], [refs[0][1], refs[1][0]]]).score
+    assert scores["bleu4"] == pytest.approx(expected) and scores["exact_match"] == 0.5
+    assert caption_scores(hyps[:1], refs[:1])["bleu4"] == pytest.approx(100.0)
+    # normalised as the vocabulary sees text: case and attached punctuation do not count
+    assert caption_scores(["a small cat ."], [["A small cat."]])["exact_match"] == 1.0
+
+
+# ---------------------------------------------------------------- training end to end, CLI
+
+
+def tiny_recipe(tmp_path: Path, **train) -> CaptioningRecipe:
+    return CaptioningRecipe(
+        data="shapes", shapes={"seed": 0, "train_size": 16, "valid_size": 16, "test_size": 8},
+        batch_size=16, label_smoothing=0.0,
+        model={"patch_size": 16, "d_model": 48, "num_heads": 2, "d_ff": 96, "num_encoder_layers": 1,
+               "num_decoder_layers": 1, "dropout": 0.0, "max_len": 24},
+        decoding={"beam_size": 2},
+        train=TrainConfig(**{"out_dir": str(tmp_path / "run"), "max_steps": 300, "lr": 1e-2, "warmup_steps": 20,
+                             "eval_every": 300, "best_metric": "bleu4", "best_mode": "max", "progress": False,
+                             **train}),
+    )
+
+
+def test_a_tiny_scene_set_is_learned_to_exact_match(tmp_path: Path) -> None:
+    """16 training scenes, one caption each: memorised to exact match (greedy and beam) in seconds."""
+    recipe = tiny_recipe(tmp_path)
+    splits = shape_scene_splits(**recipe.shapes)
+    one_caption = CaptionExamples(splits["train"].inputs, [refs[:1] for refs in splits["train"].references])
+    report = train_captioner(recipe, splits={**splits, "train": one_caption, "valid": one_caption})
+    assert report["best_valid"]["exact_match"] == 1.0, report
+    captioner = load_captioner(tmp_path / "run" / "best", device="cpu")
+    assert captioner.evaluate(one_caption, beam_size=2)["exact_match"] == 1.0
+    assert set(report["test"]) == {"test_heldout", "test_seen"}
+    assert (tmp_path / "run" / "test_seen_examples.png").stat().st_size > 0
+
+
+def test_cli_train_captioner_caption_and_attention_png(tmp_path: Path, capsys) -> None:
+    recipe_file = tmp_path / "recipe.json"
+    recipe = tiny_recipe(tmp_path)
+    recipe_file.write_text(json.dumps({**recipe.to_dict(), "train": {"lr": 3e-3, "warmup_steps": 5}}))
+    assert main(["train", "captioner", "--config", str(recipe_file), "--out", str(tmp_path / "run"),
+                 "--max-steps", "20", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["test"]["test_seen"]["greedy"]["n"] == 8
+
+    assert main(["shapes", "--split", "test_heldout", "--count", "2", "--out", str(tmp_path / "scenes")]) == 0
+    capsys.readouterr()
+    pngs = sorted(str(p) for p in (tmp_path / "scenes").glob("*.png"))
+    assert len(pngs) == 2 and (tmp_path / "scenes" / "captions.tsv").exists()
+    checkpoint = str(tmp_path / "run" / "best")
+    assert main(["caption", "--checkpoint", checkpoint, *pngs, "--beam", "1",
+                 "--attention-png", str(tmp_path / "att.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith(p + "\t") for line, p in zip(lines, pngs))
+    assert (tmp_path / "att-0.png").stat().st_size > 0 and (tmp_path / "att-1.png").stat().st_size > 0
+
+    from PIL import Image
+
+    Image.new("RGB", (32, 32)).save(tmp_path / "small.png")
+    with pytest.raises(SystemExit, match="32x32.*64x64"):
+        main(["caption", "--checkpoint", checkpoint, str(tmp_path / "small.png")])
+    assert main(["evaluate", "--checkpoint", checkpoint, "--captions", str(tmp_path / "scenes" / "captions.tsv"),
+                 "--images", str(tmp_path / "scenes"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 2
+
+
+def test_committed_recipe_is_valid() -> None:
+    recipe = CaptioningRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "shapes_captioning.json")
+    assert recipe.data == "shapes" and recipe.train.best_metric == "bleu4"
