@@ -14,9 +14,7 @@ and :func:`~scratchformer.beam_search` caption images unchanged.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,13 +25,13 @@ from scratchformer.encoder import Encoder, EncoderLayer
 from scratchformer.layer_norm import LayerNorm
 from scratchformer.patch_embedding import PatchEmbedding
 from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.validation import check_features, check_model_config, check_tokens
+from scratchformer.validation import DictConfig, check_features, check_model_config, check_tokens
 
 __all__ = ["CaptioningConfig", "CaptioningTransformer"]
 
 
 @dataclass
-class CaptioningConfig:
+class CaptioningConfig(DictConfig):
     """Hyper-parameters of :class:`CaptioningTransformer`.
 
     Attributes:
@@ -90,16 +88,6 @@ class CaptioningConfig:
     def tgt_vocab_size(self) -> int:
         """The decoding functions' name for V."""
         return self.vocab_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CaptioningConfig:
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"CaptioningConfig: unknown fields {unknown}")
-        return cls(**data)
 
 
 class CaptioningTransformer(nn.Module):

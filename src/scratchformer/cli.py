@@ -228,7 +228,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _evaluate_translation(args: argparse.Namespace) -> int:
-    import json
 
     from scratchformer.data import open_text
     from scratchformer.translation import load_translator
@@ -242,17 +241,22 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
     if len(sources) != len(references):
         raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
     scores = load_translator(args.checkpoint, device=args.device).evaluate(sources, references, beam_size=args.beam)
+    return _print_scores(args, scores, "BLEU {bleu:.2f}  chrF {chrf:.2f}  ({n} sentences; {bleu_signature})")
+
+
+def _print_scores(args: argparse.Namespace, scores: dict, line: str) -> int:
+    """Write the hypotheses to ``--output`` (if given); print the scores as JSON or as ``line``."""
+    import json
+
     hypotheses = scores.pop("hypotheses")
     if args.output:
         with open(args.output, "w") as f:
             f.write("\n".join(hypotheses) + "\n")
-    print(json.dumps(scores, indent=2) if args.json else
-          f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({scores['n']} sentences; {scores['bleu_signature']})")
+    print(json.dumps(scores, indent=2) if args.json else line.format(**scores))
     return 0
 
 
 def _evaluate_captioning(args: argparse.Namespace) -> int:
-    import json
 
     from scratchformer.caption_data import load_caption_folder
     from scratchformer.image_captioning import load_captioner
@@ -263,13 +267,7 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
     examples, _ = load_caption_folder(args.captions, args.images, captioner.model.config.image_size
                                       if captioner.model.config.input == "pixels" else None)
     scores = captioner.evaluate(examples, beam_size=args.beam)
-    hypotheses = scores.pop("hypotheses")
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write("\n".join(hypotheses) + "\n")
-    print(json.dumps(scores, indent=2) if args.json else
-          f"BLEU-4 {scores['bleu4']:.2f}  exact match {scores['exact_match']:.1%}  ({scores['n']} images)")
-    return 0
+    return _print_scores(args, scores, "BLEU-4 {bleu4:.2f}  exact match {exact_match:.1%}  ({n} images)")
 
 
 def _classify(args: argparse.Namespace) -> int:

@@ -9,9 +9,7 @@ LayerNorm eps 1e-12, post-LN) without a second copy of the layer code: both use
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,13 +18,13 @@ from scratchformer.embedding import TokenEmbedding
 from scratchformer.encoder import Encoder, EncoderLayer
 from scratchformer.layer_norm import LayerNorm
 from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.validation import check_mask, check_model_config, check_tokens
+from scratchformer.validation import DictConfig, check_mask, check_model_config, check_tokens
 
 __all__ = ["ContextualEncoder", "EncoderConfig", "EncoderEmbedding"]
 
 
 @dataclass
-class EncoderConfig:
+class EncoderConfig(DictConfig):
     """Hyper-parameters of :class:`ContextualEncoder`.
 
     Attributes:
@@ -71,16 +69,6 @@ class EncoderConfig:
         )
         if self.num_layers < 0:
             raise ValueError(f"num_layers must be >= 0, got {self.num_layers}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"EncoderConfig: unknown fields {unknown}")
-        return cls(**data)
 
 
 class EncoderEmbedding(nn.Module):

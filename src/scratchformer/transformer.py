@@ -8,9 +8,7 @@ never to the model.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from torch import Tensor, nn
 
@@ -20,13 +18,13 @@ from scratchformer.encoder import Encoder, EncoderLayer
 from scratchformer.layer_norm import LayerNorm
 from scratchformer.masks import padding_mask
 from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.validation import check_features, check_mask, check_model_config, check_tokens
+from scratchformer.validation import DictConfig, check_features, check_mask, check_model_config, check_tokens
 
 __all__ = ["Transformer", "TransformerConfig"]
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(DictConfig):
     """Hyper-parameters of :class:`Transformer`; the defaults are the paper's base model.
 
     Attributes:
@@ -81,17 +79,6 @@ class TransformerConfig:
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}"
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"TransformerConfig: unknown fields {unknown}")
-        return cls(**data)
 
 
 def _positional(config: TransformerConfig) -> nn.Module:

@@ -6,12 +6,14 @@ index crash deep inside an embedding, or a NaN three layers later.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["check_features", "check_last_dim", "check_mask", "check_model_config", "check_tokens"]
+__all__ = ["DictConfig", "check_features", "check_last_dim", "check_mask", "check_model_config", "check_tokens"]
 
 _INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -101,3 +103,21 @@ def check_model_config(config: object, positive: Sequence[str], vocab_sizes: Seq
     pad_id = getattr(config, "pad_id")
     if pad_id is not None and not 0 <= pad_id < min(vocab_sizes):
         raise ValueError(f"pad_id={pad_id} is outside the vocabulary [0, {min(vocab_sizes)})")
+
+
+C = TypeVar("C", bound="DictConfig")
+
+
+class DictConfig:
+    """``to_dict``/``from_dict`` for the model configuration dataclasses (saved as JSON in
+    checkpoints); an unknown field is an error, never silently dropped."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {unknown}")
+        return cls(**data)
