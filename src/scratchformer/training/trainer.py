@@ -254,9 +254,10 @@ class Trainer:
 
     def _resume_state(self) -> dict[str, Any]:
         """``last/``'s training state, read by rank 0 and broadcast (other machines need no copy),
-        with this rank's RNG state under "rng"; the weights are loaded on rank 0 (DDP copies them)."""
+        with this rank's RNG state under "rng"; the weights are loaded on rank 0 (DDP copies them).
+        Read into CPU memory (the optimizer moves its state to the parameters' device)."""
         last = self.out_dir / "last"
-        state = distributed.on_main(lambda: load_training_state(last))
+        state = distributed.on_main(lambda: load_training_state(last, map_location="cpu"))
         saved_size = state.get("world_size", 1)
         if saved_size != self.world.size:
             raise ValueError(f"{last} was saved by {saved_size} process(es) and cannot resume with {self.world.size}: "
