@@ -103,8 +103,16 @@ def _train_classifier(args: argparse.Namespace) -> int:
     summary = {k: v for k, v in report.items() if k != "test"}
     if "test" in report:
         summary["test"] = {k: report["test"][k] for k in ("accuracy", "macro_f1", "n")}
-    print(json.dumps(summary, indent=2))
+    _print_on_main(json.dumps(summary, indent=2))
     return 0
+
+
+def _print_on_main(text: str) -> None:
+    """Print, once: under torchrun only rank 0 prints the results."""
+    from scratchformer.training import distributed
+
+    if distributed.is_main():
+        print(text)
 
 
 def _train_translation(args: argparse.Namespace) -> int:
@@ -115,7 +123,7 @@ def _train_translation(args: argparse.Namespace) -> int:
 
     recipe = TranslationRecipe.from_json(args.config, train=_train_overrides(args))
     report = train_translation(recipe, args.data_dir or default_data_dir(), resume=args.resume)
-    print(json.dumps(report, indent=2))
+    _print_on_main(json.dumps(report, indent=2))
     return 0
 
 
@@ -127,7 +135,7 @@ def _train_captioner(args: argparse.Namespace) -> int:
 
     recipe = CaptioningRecipe.from_json(args.config, train=_train_overrides(args))
     report = train_captioner(recipe, args.data_dir or default_data_dir(), resume=args.resume)
-    print(json.dumps(report, indent=2))
+    _print_on_main(json.dumps(report, indent=2))
     return 0
 
 
@@ -394,8 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. ``torchrun --nproc-per-node N -m scratchformer train ...`` runs a
+    ``train`` command in N processes (the trainer joins them; see README, "torchrun")."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    code = args.func(args)
+    if args.command == "train":
+        from scratchformer.training import distributed
+
+        distributed.destroy()  # leave the process group (no-op in a single process)
+    return code
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from scratchformer.caption_data import (
 from scratchformer.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.decoding import beam_search, greedy_decode
 from scratchformer.patch_embedding import PatchEmbedding
-from scratchformer.training import TrainConfig, Trainer, load_weights, resolve_device
+from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.translation import label_smoothed_loss, pad_ids
@@ -316,9 +316,14 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
     a figure of its first four images (``{split}_examples.png``).
 
     ``splits`` ("train", "valid", "test...") replaces the recipe's data; the vocabulary is then
-    built from its training captions."""
+    built from its training captions.
+
+    Under torchrun every process runs this: all load the same (deterministic) data and
+    vocabulary and train, then rank 0 alone tests and writes the report.
+    """
     start = time.perf_counter()
     r = recipe
+    distributed.init(r.train.device)
     if splits is None:
         splits, vocab = load_caption_splits(r, data_dir)
     else:
@@ -332,6 +337,8 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
     report: dict[str, Any] = {"parameters": model.num_parameters(), "vocabulary": len(vocab),
                               "train_images": len(splits["train"]), "seconds_train": result.seconds,
                               "best_valid": result.best, "test": {}}
+    if not distributed.is_main():
+        return report
     captioner = load_captioner(out / "best", device=r.train.device)
     beam = r.decoding.get("beam_size", 3)
     for name in sorted(n for n in splits if n.startswith("test")):

@@ -24,7 +24,7 @@ from scratchformer.classifier import ClassifierConfig, TextClassifier
 from scratchformer.data import LabelledTexts, load_labelled_texts
 from scratchformer.encoder_model import EncoderConfig
 from scratchformer.tokenization import TextTokenizer, train_wordpiece
-from scratchformer.training import TrainConfig, Trainer, load_weights, resolve_device
+from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
@@ -153,9 +153,13 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     """Run a recipe: tokenizer, model, training, then the best checkpoint on the test file.
 
     Returns (and writes to ``out_dir/report.json``) sizes, timings, validation and test metrics.
+    Under torchrun every process runs this: rank 0 trains the tokenizer and sends it to the
+    others, all train, then rank 0 alone averages, tests and writes the report (the other ranks
+    return theirs without the test results).
     """
     start = time.perf_counter()
     c = recipe
+    distributed.init(c.train.device)
     load = lambda p, names=c.label_names: load_labelled_texts(  # noqa: E731
         resolve_data_path(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
     )
@@ -171,8 +175,9 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
         tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
                                             truncation=c.truncation, head_length=c.head_length)
     else:
-        tokenizer = TextTokenizer(train_wordpiece(train.texts, c.vocab_size, c.lowercase), c.max_length,
-                                  truncation=c.truncation, head_length=c.head_length)
+        # WordPiece training is not deterministic across processes: every rank takes rank 0's.
+        wordpiece = distributed.on_main(lambda: train_wordpiece(train.texts, c.vocab_size, c.lowercase))
+        tokenizer = TextTokenizer(wordpiece, c.max_length, truncation=c.truncation, head_length=c.head_length)
         encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,
                                    "pad_id": tokenizer.pad_id})
         torch.manual_seed(c.train.seed)
@@ -190,6 +195,8 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
         "train_examples": len(train), "valid_examples": len(valid), "skipped": full.skipped,
         "seconds_prepare": prepared, "seconds_train": result.seconds, "best_valid": result.best,
     }
+    if not distributed.is_main():
+        return report
     chosen = "best"
     if c.average_last > 1:
         chosen, report["averaged_valid"] = trainer.average_last(c.average_last, result.best)

@@ -24,7 +24,7 @@ from scratchformer.batching import length_bucketed_batches
 from scratchformer.decoding import beam_search, greedy_decode
 from scratchformer.parallel_data import ParallelTexts, load_parallel_texts
 from scratchformer.tokenization import train_bpe
-from scratchformer.training import TrainConfig, Trainer, load_weights, resolve_device
+from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.transformer import Transformer, TransformerConfig
@@ -190,14 +190,19 @@ class TranslationRecipe(Recipe):
 
 
 def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
-    """Run a recipe: BPE, model, training; then the best (or averaged) model on the test set, with beam search."""
+    """Run a recipe: BPE, model, training; then the best (or averaged) model on the test set, with beam search.
+
+    Under torchrun every process runs this: rank 0 trains the BPE and sends it to the others, all
+    train, then rank 0 alone averages, tests and writes the report.
+    """
     start = time.perf_counter()
     r = recipe
+    distributed.init(r.train.device)
     def load_pair(source: str | None, target: str | None) -> ParallelTexts:
         return load_parallel_texts(resolve_data_path(source, data_dir), resolve_data_path(target, data_dir))  # type: ignore[arg-type]
 
     train, valid = load_pair(r.train_source, r.train_target), load_pair(r.valid_source, r.valid_target)
-    tokenizer = train_bpe(train.sources + train.targets, r.vocab_size)
+    tokenizer = distributed.on_main(lambda: train_bpe(train.sources + train.targets, r.vocab_size))  # one BPE for all ranks
     config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
                                   "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
     torch.manual_seed(r.train.seed)
@@ -212,6 +217,8 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
         "parameters": model.num_parameters(), "train_pairs": len(task.src), "filtered_long": task.filtered,
         "skipped": train.skipped, "seconds_train": result.seconds, "best_valid": result.best,
     }
+    if not distributed.is_main():
+        return report
     chosen = "best"
     if r.average_last > 1:
         chosen, report["averaged_valid"] = trainer.average_last(r.average_last, result.best)

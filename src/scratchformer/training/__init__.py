@@ -1,5 +1,6 @@
-"""The training engine shared by all tasks: trainer, schedules, checkpoints, metrics."""
+"""The training engine shared by all tasks: trainer, schedules, checkpoints, metrics, torchrun."""
 
+from scratchformer.training import distributed
 from scratchformer.training.checkpoint import load_config, load_training_state, load_weights, save_checkpoint
 from scratchformer.training.metrics import MetricsLog, plot_curves
 from scratchformer.training.schedule import lr_multiplier
@@ -11,6 +12,7 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "TrainingTask",
+    "distributed",
     "load_config",
     "load_training_state",
     "load_weights",

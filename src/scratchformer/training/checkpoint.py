@@ -101,12 +101,13 @@ def load_weights(model: nn.Module, directory: str | Path) -> None:
         raise ValueError(f"{path} does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
 
 
-def load_training_state(directory: str | Path) -> dict[str, Any]:
-    """The optimizer/scheduler/step/RNG state, read with ``weights_only=True`` (no arbitrary unpickling)."""
+def load_training_state(directory: str | Path, map_location: str | None = None) -> dict[str, Any]:
+    """The optimizer/scheduler/step/RNG state, read with ``weights_only=True`` (no arbitrary unpickling);
+    ``map_location="cpu"`` reads GPU tensors into CPU memory."""
     path = resolve_checkpoint(directory) / STATE
     if not path.is_file():
         raise FileNotFoundError(f"no training state in {path.parent} (was it saved for resuming?)")
-    return torch.load(path, weights_only=True)
+    return torch.load(path, weights_only=True, map_location=map_location)
 
 
 def average_checkpoints(directories: Sequence[Path], model: nn.Module) -> None:

@@ -3,23 +3,34 @@
 A task supplies the data and the loss (:class:`TrainingTask`); the :class:`Trainer` supplies
 AdamW, warm-up + decay, gradient clipping and accumulation, mixed precision, periodic evaluation,
 the best and the last checkpoint, a JSONL log, a loss-curve PNG, and exact resumption.
+
+Under ``torchrun`` the same loop runs in every process (data parallelism, see
+:mod:`scratchformer.training.distributed`): the model is wrapped in ``DistributedDataParallel``,
+each rank trains on its share of every epoch's micro-batches, gradients are averaged across ranks
+(only on the last micro-batch of an accumulation group: ``no_sync`` before it), the logged loss
+and throughput are combined over all ranks, rank 0 evaluates and tells the others the result, and
+rank 0 alone writes the log, the curves and the checkpoints.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import shutil
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from scratchformer.training import distributed
 from scratchformer.training.checkpoint import (
     average_checkpoints,
     load_training_state,
@@ -55,8 +66,16 @@ class TrainConfig:
         keep_checkpoints: also keep the last N evaluated weights as ``step-NNNNNNN/`` (for
             checkpoint averaging; 0: none).
         log_every: steps between log lines.  seed: everything random derives from it.
-        device: "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
-        threads: torch CPU threads (0: torch's default).  progress: show a progress bar.
+        device: "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ... (under torchrun: "auto",
+            "cpu" or "cuda", and each process takes cuda:LOCAL_RANK).
+        threads: torch CPU threads (0: torch's default; torchrun sets 1 per process).
+        progress: show a progress bar (rank 0 only).
+        find_unused_parameters: under torchrun, tell DistributedDataParallel that some parameters
+            may get no gradient in a step (slower; needed only by models that skip parameters).
+
+    Under torchrun with N processes, one optimizer step consumes ``N * grad_accum`` micro-batches
+    (the effective batch is N times larger, so an epoch has N times fewer steps); the learning
+    rate is not rescaled for you.
     """
 
     out_dir: str = "runs/run"
@@ -82,6 +101,7 @@ class TrainConfig:
     device: str = "auto"
     threads: int = 0
     progress: bool = True
+    find_unused_parameters: bool = False
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
@@ -108,11 +128,15 @@ class TrainingTask(Protocol):
         ...
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[Tensor, int]:
-        """Mean loss of one micro-batch, and how many items (tokens) it covered."""
+        """Mean loss of one micro-batch, and how many items (tokens) it covered.
+
+        Under torchrun ``model`` is the ``DistributedDataParallel`` wrapper: call it (its
+        ``forward``), which is what synchronises gradients; its other methods are on ``model.module``.
+        """
         ...
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        """Validation metrics (model already in eval mode, no grad)."""
+        """Validation metrics (model already in eval mode, no grad; the plain model, run by rank 0 only)."""
         ...
 
     def checkpoint_config(self) -> dict[str, Any]:
@@ -134,12 +158,9 @@ class TrainResult:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested, but CUDA is not available")
-    return device
+    """The device ``name`` means for this process (under torchrun: its own GPU, cuda:LOCAL_RANK)."""
+    here = distributed.world()
+    return distributed.device_for(name, here.local_rank, here.distributed)
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -179,6 +200,7 @@ class Trainer:
         self.task = task
         self.config = config
         self.out_dir = Path(config.out_dir)
+        self.world = distributed.init(config.device)  # one process without torchrun: nothing started
         self.device = resolve_device(config.device)
         if config.precision == "fp16" and self.device.type != "cuda":
             raise ValueError("precision 'fp16' needs a CUDA device (GradScaler); use 'bf16' on CPU")
@@ -197,7 +219,10 @@ class Trainer:
         return metrics
 
     def save(self, name: str, training_state: dict[str, Any] | None = None) -> None:
-        """Write the model as checkpoint ``out_dir/name`` (atomically), with the task's files."""
+        """Write the model as checkpoint ``out_dir/name`` (atomically), with the task's files.
+        Under torchrun only rank 0 writes (every rank holds the same weights)."""
+        if not self.world.is_main:
+            return
         config = dict(self.task.checkpoint_config(), training=asdict(self.config))
         save_checkpoint(self.out_dir / name, self.model, config, training_state, self.task.save_files)
 
@@ -220,20 +245,70 @@ class Trainer:
             self.save("averaged")
         return ("averaged" if at_least_as_good else "best"), metrics
 
+    def _shard(self, epoch: int) -> list[Any]:
+        """This rank's micro-batches of ``epoch`` (all of them in a single process)."""
+        batches = self.task.batches(epoch, self.config.seed)
+        if not batches:
+            raise ValueError(f"the task produced no training batches for epoch {epoch}")
+        return distributed.shard(batches, self.world.rank, self.world.size) if self.world.distributed else batches
+
+    def _resume_state(self) -> dict[str, Any]:
+        """``last/``'s training state, read by rank 0 and broadcast (other machines need no copy),
+        with this rank's RNG state under "rng"; the weights are loaded on rank 0 (DDP copies them).
+        Read into CPU memory (the optimizer moves its state to the parameters' device)."""
+        last = self.out_dir / "last"
+        state = distributed.on_main(lambda: load_training_state(last, map_location="cpu"))
+        saved_size = state.get("world_size", 1)
+        if saved_size != self.world.size:
+            raise ValueError(f"{last} was saved by {saved_size} process(es) and cannot resume with {self.world.size}: "
+                             "each rank's position in the epoch and its RNG state depend on the number of processes")
+        if self.world.is_main:
+            load_weights(self.model, last)
+        if "rng_ranks" in state:
+            state["rng"] = state["rng_ranks"][self.world.rank]
+        return state
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """The module the training steps call: ``DistributedDataParallel(model)`` under torchrun.
+
+        DDP copies rank 0's parameters to every rank here. Buffers are not broadcast at every
+        forward: our models' buffers are fixed tables (positional encodings), never statistics.
+        """
+        if not self.world.distributed:
+            return model
+        no_buffer_sync: dict[str, Any] = (  # newer PyTorch renamed broadcast_buffers
+            {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            else {"broadcast_buffers": False}
+        )
+        return DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=self.config.find_unused_parameters,
+            **no_buffer_sync,
+        )
+
     def fit(self, resume: bool = False, on_step: Any = None) -> TrainResult:
         """Train to ``max_steps`` (or ``epochs``). ``resume`` continues from ``out_dir/last``.
 
-        ``on_step(step, loss)`` is called after every optimizer step (e.g. to stop early).
+        ``on_step(step, loss)`` is called after every optimizer step (e.g. to stop early); under
+        torchrun ``loss`` (as ``TrainResult.losses``) is the mean over all ranks, the same everywhere.
+
+        Under torchrun, every rank starts from rank 0's weights and draws its own random numbers
+        (dropout) from ``seed + rank``; rank 0's stream is the one a single process would draw.
         """
         c = self.config
+        main = self.world.is_main
         if c.threads:
             torch.set_num_threads(c.threads)
-        torch.manual_seed(c.seed)
-        random.seed(c.seed)
+        torch.manual_seed(c.seed + self.world.rank)
+        random.seed(c.seed + self.world.rank)
         model = self.model.to(self.device)
         model.train()
+        state = self._resume_state() if resume else None
+        train_model = self._wrap(model)
+        ddp = train_model if isinstance(train_model, DistributedDataParallel) else None
         optimizer = torch.optim.AdamW(_param_groups(model, c.weight_decay), lr=c.lr, betas=c.betas, eps=c.adam_eps)
-        groups_per_epoch = math.ceil(len(self.task.batches(0, c.seed)) / c.grad_accum)
+        groups_per_epoch = math.ceil(len(self._shard(0)) / c.grad_accum)
         total = c.max_steps or c.epochs * groups_per_epoch
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_multiplier(c.schedule, c.warmup_steps, total, c.min_lr_ratio)
@@ -241,20 +316,21 @@ class Trainer:
         scaler = torch.amp.GradScaler("cuda", enabled=c.precision == "fp16")
 
         step, epoch, next_group, best = 0, 0, 0, None
-        if resume:
-            state = load_training_state(self.out_dir / "last")
-            load_weights(model, self.out_dir / "last")
+        if state is not None:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             scaler.load_state_dict(state["scaler"])
             step, epoch, next_group, best = state["step"], state["epoch"], state["next_group"], state["best"]
             _set_rng_state(state["rng"])
-            self.log.truncate_after(step)
-        elif self.log.path.exists():
+            if main:
+                self.log.truncate_after(step)
+        elif main and self.log.path.exists():
             self.log.path.unlink()  # a fresh run starts a fresh log
 
         def training_state() -> dict[str, Any]:
-            return {
+            """The resumable state; a collective under torchrun (every rank's RNG state is gathered)."""
+            rng = _rng_state()
+            state = {
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(),
@@ -262,34 +338,48 @@ class Trainer:
                 "epoch": epoch,
                 "next_group": next_group,
                 "best": best,
-                "rng": _rng_state(),
+                "rng": rng,
+                "world_size": self.world.size,
             }
+            if self.world.distributed:
+                state["rng_ranks"] = distributed.all_gather_object(rng)
+            return state
 
         result = TrainResult(step=step, losses=[])
         start = time.perf_counter()
-        window_items, window_start = 0, time.perf_counter()
-        bar = tqdm(total=total, initial=step, desc="training", unit="step", disable=not c.progress, mininterval=1.0)
+        window_items, window_start = 0.0, time.perf_counter()
+        show = c.progress and main
+        bar = tqdm(total=total, initial=step, desc="training", unit="step", disable=not show, mininterval=1.0)
         while step < total:
-            batches = self.task.batches(epoch, c.seed)
+            batches = self._shard(epoch)
             groups = [batches[i : i + c.grad_accum] for i in range(0, len(batches), c.grad_accum)]
-            if not groups:
-                raise ValueError(f"the task produced no training batches for epoch {epoch}")
             epoch_done = False
             while not epoch_done and step < total:
                 group = groups[next_group]
-                loss_sum = 0.0
-                for micro in group:
-                    with self._autocast():
-                        loss, items = self.task.loss(model, micro, self.device)
-                    value = loss.item()
-                    if not math.isfinite(value):
-                        raise FloatingPointError(
-                            f"loss is {value} at step {step + 1} (epoch {epoch}, batch {next_group}); "
-                            "training stopped: lower the learning rate, or check the data"
-                        )
-                    scaler.scale(loss / len(group)).backward()
+                loss_sum, items_sum = 0.0, 0
+                for i, micro in enumerate(group):
+                    # Under DDP, gradients are averaged across ranks during the backward of the
+                    # group's last micro-batch only; before it they just accumulate locally.
+                    sync = ddp.no_sync() if ddp is not None and i < len(group) - 1 else nullcontext()
+                    with sync:
+                        with self._autocast():
+                            loss, items = self.task.loss(train_model, micro, self.device)
+                        value = loss.item()
+                        if not math.isfinite(value):
+                            raise FloatingPointError(
+                                f"loss is {value} at step {step + 1} (epoch {epoch}, batch {next_group}"
+                                + (f", rank {self.world.rank}" if self.world.distributed else "")
+                                + "); training stopped: lower the learning rate, or check the data"
+                            )
+                        scaler.scale(loss / len(group)).backward()
                     loss_sum += value / len(group)
-                    window_items += items
+                    items_sum += items
+                if self.world.distributed:  # the mean loss over ranks, the items of all ranks
+                    loss_sum, global_items = distributed.all_reduce_sum([loss_sum, items_sum], self.device)
+                    loss_sum /= self.world.size
+                    window_items += global_items
+                else:
+                    window_items += items_sum
                 if c.grad_clip is not None:
                     scaler.unscale_(optimizer)
                     nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
@@ -312,32 +402,35 @@ class Trainer:
                         "epoch": epoch,
                         "loss": loss_sum,
                         "lr": scheduler.get_last_lr()[0],
-                        "items_per_s": window_items / max(elapsed, 1e-9),
+                        "items_per_s": window_items / max(elapsed, 1e-9),  # all ranks together
                     }
-                    self.log.write(record)
+                    if main:
+                        self.log.write(record)
                     bar.set_postfix(loss=f"{loss_sum:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['items_per_s']:.0f}")
-                    window_items, window_start = 0, time.perf_counter()
+                    window_items, window_start = 0.0, time.perf_counter()
 
                 if (c.eval_every and step % c.eval_every == 0) or step == total:
-                    metrics = self.evaluate()
-                    self.log.write({"step": step, **{f"eval/{k}": v for k, v in metrics.items()}})
+                    metrics = distributed.on_main(self.evaluate)  # every rank gets rank 0's metrics
                     result.evals.append({"step": step, **metrics})
                     value = metrics[c.best_metric]
                     if best is None or (value > best[c.best_metric] if c.best_mode == "max" else value < best[c.best_metric]):
                         best = {"step": step, **metrics}
                         self.save("best", None)
-                    if c.keep_checkpoints:
-                        self.save(f"step-{step:07d}", None)
-                        for old in sorted(self.out_dir.glob("step-*"))[: -c.keep_checkpoints]:
-                            shutil.rmtree(old)
-                    if c.progress:
-                        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
-                    plot_curves(self.log.records(), self.out_dir / "curves.png")
+                    if main:
+                        self.log.write({"step": step, **{f"eval/{k}": v for k, v in metrics.items()}})
+                        if c.keep_checkpoints:
+                            self.save(f"step-{step:07d}", None)
+                            for old in sorted(self.out_dir.glob("step-*"))[: -c.keep_checkpoints]:
+                                shutil.rmtree(old)
+                        if c.progress:
+                            bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+                        plot_curves(self.log.records(), self.out_dir / "curves.png")
 
                 if (c.save_every and step % c.save_every == 0) or step == total:
                     self.save("last", training_state())
                 if on_step is not None:
                     on_step(step, loss_sum)
         bar.close()
+        distributed.barrier()  # when fit returns on any rank, rank 0's checkpoints are written
         result.step, result.best, result.seconds = step, best, time.perf_counter() - start
         return result
