@@ -7,6 +7,7 @@ Writes ``benchmarks/results/<size>-<device>.md`` (the tables, the machine, the t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         torch.set_num_threads(args.threads)
     size = SIZES[args.size]
     if args.repeats:
-        size.repeats = size.latency_repeats = args.repeats
+        size = dataclasses.replace(size, repeats=args.repeats, latency_repeats=args.repeats)
     command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     machine = machine_description(args.device)
     print(machine)
