@@ -146,3 +146,14 @@ def test_kv_cache_buffer_equals_concatenation_and_survives_reorder() -> None:
     assert len(cache) == 40 and torch.equal(k_all, expected_k) and torch.equal(v_all, expected_v)
     assert torch.equal(early_k, early)  # a view handed out earlier is never overwritten
     assert cache._buffers is not None and cache._buffers[0].shape[2] >= 40  # the buffer path did run
+
+
+def test_all_real_padding_mask_runs_unmasked_and_bad_masks_still_fail() -> None:
+    ours = _encoder(norm_first=False)
+    x, _ = _batch()
+    full = torch.ones(4, 9, dtype=torch.bool)
+    with torch.no_grad():
+        assert max_diff(ours(x, full), ours(x)) <= TOL
+        assert max_diff(ours(x, full, skip_padding=True), ours(x)) <= TOL
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        ours(x, torch.ones(4, 10, dtype=torch.bool))

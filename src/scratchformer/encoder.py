@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import Tensor, nn
 
 from scratchformer.attention import MultiHeadAttention
@@ -89,6 +90,17 @@ class EncoderLayer(nn.Module):
         return x
 
 
+def _all_real(key_padding_mask: Tensor | None, x: Tensor) -> bool:
+    """Whether a well-formed (B, S) bool padding mask marks every position real (reads it on the host)."""
+    return (
+        key_padding_mask is not None
+        and key_padding_mask.dtype == torch.bool
+        and tuple(key_padding_mask.shape) == tuple(x.shape[:2])
+        and not torch.compiler.is_compiling()
+        and bool(key_padding_mask.all())
+    )
+
+
 class Encoder(nn.Module):
     """A stack of encoder layers, optionally followed by a LayerNorm (needed with pre-LN).
 
@@ -119,6 +131,8 @@ class Encoder(nn.Module):
         only (:mod:`scratchformer.packing`): padded positions cost next to nothing and come out
         as zeros, as in ``torch.nn.TransformerEncoder``'s fast path. Real positions are unchanged.
         """
+        if _all_real(key_padding_mask, x):
+            key_padding_mask = None  # no padding at all: attention may run its unmasked (fastest) kernel
         packing = Packing.from_mask(key_padding_mask) if skip_padding and key_padding_mask is not None else None
         hidden = [x]
         h = x if packing is None else packing.pack(x)
