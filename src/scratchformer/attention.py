@@ -223,14 +223,21 @@ class MultiHeadAttention(nn.Module):
         return self._stacked_qkv[1], self._stacked_qkv[2]
 
     def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x Q/K/V projections of self-attention input x (..., D): three (..., D).
+        """The Q, K, V projections of self-attention input x (..., D): three (..., D).
 
-        Without autograd (inference) one matmul with the stacked (3D, D) weight replaces three:
-        the same arithmetic, one pass over x and one kernel launch instead of three.
+        One matmul with the stacked (3D, D) weight [W^Q; W^K; W^V] replaces three: the same
+        arithmetic, one pass over x and larger matrix products. With autograd the stack is built
+        anew each call (its backward hands each block its gradient); in inference it is cached.
         """
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # the compiler fuses on its own
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        weight, bias = self._stacked_qkv_weights()
+        bias: Tensor | None
+        if torch.is_grad_enabled():
+            projs = (self.q_proj, self.k_proj, self.v_proj)
+            weight = torch.cat([p.weight for p in projs])
+            bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        else:
+            weight, bias = self._stacked_qkv_weights()
         q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)
         return q, k, v
 
