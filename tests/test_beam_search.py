@@ -124,7 +124,8 @@ def test_batch_equals_one_by_one() -> None:
 def test_beam_search_feeds_one_position_per_step() -> None:
     model = random_model(5)
     seen: list[int] = []
-    hook = model.decoder.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    attention = model.decoder.layers[0].self_attn  # its query (B, T, D): T new positions
+    hook = attention.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
     try:
         beam_search(model, sources(5), bos_id=BOS, eos_id=EOS, beam_size=3, max_len_b=5)
     finally:

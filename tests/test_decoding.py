@@ -82,7 +82,8 @@ def test_cached_decoding_feeds_one_position_per_step() -> None:
     """The prefix is never recomputed: every decoder self-attention call sees one new query."""
     model = random_model(2)
     seen: list[int] = []
-    hook = model.decoder.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    attention = model.decoder.layers[0].self_attn  # its query (B, T, D): T new positions
+    hook = attention.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
     try:
         out = sf.greedy_decode(model, sources(torch.Generator().manual_seed(2)), bos_id=BOS, eos_id=EOS, max_len_b=6)
     finally:

@@ -11,14 +11,15 @@ Masks follow the convention of :mod:`scratchformer.masks`: bool, True = may atte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from scratchformer.masks import causal_mask, combine_masks, expand_attention_mask
-from scratchformer.validation import check_features
+from scratchformer.packing import Packing
+from scratchformer.validation import check_features, check_last_dim
 
 __all__ = ["KVCache", "MultiHeadAttention", "scaled_dot_product_attention"]
 
@@ -111,19 +112,56 @@ class KVCache:
 
     Self-attention appends the new positions' keys/values at each decoding step; cross-attention
     computes the encoder memory's keys/values once and reuses them ("static").
+
+    Appending without autograd writes into a buffer that doubles its length when full, so a step
+    copies only the new position, not the whole prefix as ``torch.cat`` would; ``k`` and ``v`` are
+    then views of the buffer's first S positions.
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
+    _buffers: tuple[Tensor, Tensor] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
 
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the keys/values (B, H, S_new, d_k) of new positions; returns all of them (B, H, S, d_k)."""
+        if self.k is None or self.v is None:
+            self.k, self.v, self._buffers = k, v, None
+            return k, v
+        if torch.is_grad_enabled() and (k.requires_grad or self.k.requires_grad):
+            self.k, self.v, self._buffers = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2), None
+            return self.k, self.v
+        old, new = self.k.shape[2], self.k.shape[2] + k.shape[2]
+        buffers = self._buffers
+        if buffers is None or buffers[0].shape[2] < new or not _is_prefix_view(self.k, buffers[0]):
+            size = (*k.shape[:2], max(2 * new, 16), k.shape[3])
+            buffers = (k.new_empty(size), v.new_empty(size[:3] + v.shape[3:]))
+            buffers[0][:, :, :old] = self.k
+            buffers[1][:, :, :old] = self.v
+            self._buffers = buffers
+        buffers[0][:, :, old:new] = k
+        buffers[1][:, :, old:new] = v
+        self.k, self.v = buffers[0][:, :, :new], buffers[1][:, :, :new]
+        return self.k, self.v
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',) in that order (beam search reshuffles hypotheses)."""
-        if self.k is not None and self.v is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self.k is None or self.v is None:
+            return
+        length, buffers = self.k.shape[2], self._buffers
+        if buffers is not None and _is_prefix_view(self.k, buffers[0]) and _is_prefix_view(self.v, buffers[1]):
+            k_buffer, v_buffer = buffers[0].index_select(0, index), buffers[1].index_select(0, index)
+            self._buffers = (k_buffer, v_buffer)  # keeps its spare room for the next appends
+            self.k, self.v = k_buffer[:, :, :length], v_buffer[:, :, :length]
+        else:
+            self.k, self.v, self._buffers = self.k.index_select(0, index), self.v.index_select(0, index), None
+
+
+def _is_prefix_view(t: Tensor, buffer: Tensor) -> bool:
+    """Whether ``t`` is still the first positions of ``buffer`` (nobody replaced the cache's k/v)."""
+    return t.data_ptr() == buffer.data_ptr() and t.stride() == buffer.stride() and t.shape[:2] == buffer.shape[:2]
 
 
 class MultiHeadAttention(nn.Module):
@@ -153,6 +191,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         self.record_weights = False  # set by scratchformer.attention_maps.record_attention
         self.recorded: list[Tensor] = []
+        self._stacked_qkv: tuple[tuple[object, ...], Tensor, Tensor | None] | None = None  # inference cache
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -170,10 +209,49 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.num_heads, self.d_k).transpose(1, 2)
 
+    def _stacked_qkv_weights(self) -> tuple[Tensor, Tensor | None]:
+        """[W^Q; W^K; W^V] as one (3D, D) matrix (and the biases as one 3D vector), rebuilt only when
+        a weight changes (a new storage or an in-place update bumps ``_version``)."""
+        params = [p for proj in (self.q_proj, self.k_proj, self.v_proj) for p in (proj.weight, proj.bias)
+                  if p is not None]
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if self._stacked_qkv is None or self._stacked_qkv[0] != key:
+            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+            biases = [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
+            bias = torch.cat([b for b in biases if b is not None]).detach() if biases[0] is not None else None
+            self._stacked_qkv = (key, weight, bias)
+        return self._stacked_qkv[1], self._stacked_qkv[2]
+
+    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The Q, K, V projections of self-attention input x (..., D): three (..., D).
+
+        One matmul with the stacked (3D, D) weight [W^Q; W^K; W^V] replaces three: the same
+        arithmetic, one pass over x and larger matrix products. With autograd the stack is built
+        anew each call (its backward hands each block its gradient); in inference it is cached.
+        """
+        if torch.compiler.is_compiling():  # the compiler fuses on its own
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        bias: Tensor | None
+        if torch.is_grad_enabled():
+            projs = (self.q_proj, self.k_proj, self.v_proj)
+            weight = torch.cat([p.weight for p in projs])
+            bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        else:
+            weight, bias = self._stacked_qkv_weights()
+        q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)
+        return q, k, v
+
     def _keys_values(
-        self, key: Tensor | None, value: Tensor | None, batch: int, cache: KVCache | None, static_kv: bool
+        self,
+        key: Tensor | None,
+        value: Tensor | None,
+        batch: int,
+        cache: KVCache | None,
+        static_kv: bool,
+        projected: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Project key/value (B, S_new, D) to heads (B, H, S, d_k), reading and updating the cache."""
+        """Project key/value (B, S_new, D) (unless ``projected`` holds them already) to heads
+        (B, H, S, d_k), reading and updating the cache."""
         if cache is not None and cache.k is not None and cache.k.shape[0] != batch:
             raise ValueError(
                 f"cache: holds keys for batch size {cache.k.shape[0]}, but the input has batch size "
@@ -186,14 +264,15 @@ class MultiHeadAttention(nn.Module):
                     f"length {key.shape[1]}; use a new cache for a new memory"
                 )
             return cache.k, cache.v  # cross-attention: the memory was projected on the first step
-        assert key is not None and value is not None
-        k = self._split_heads(self.k_proj(key))
-        v = self._split_heads(self.v_proj(value))
+        if projected is None:
+            assert key is not None and value is not None
+            projected = self.k_proj(key), self.v_proj(value)
+        k, v = self._split_heads(projected[0]), self._split_heads(projected[1])
         if cache is not None:
-            if not static_kv and cache.k is not None and cache.v is not None:
-                k = torch.cat([cache.k, k], dim=2)  # self-attention: append the new positions
-                v = torch.cat([cache.v, v], dim=2)
-            cache.k, cache.v = k, v
+            if static_kv:
+                cache.k, cache.v = k, v
+            else:
+                k, v = cache.append(k, v)  # self-attention: append the new positions
         return k, v
 
     def forward(
@@ -243,8 +322,13 @@ class MultiHeadAttention(nn.Module):
                     f"value: expected the key's shape (B, S, D)={tuple(key.shape)}, got {tuple(value.shape)}"
                 )
 
-        q = self._split_heads(self.q_proj(query))  # (B, H, T, d_k)
-        k, v = self._keys_values(key, value, B, cache, static_kv)  # (B, H, S, d_k)
+        if key is query and value is query and not static_kv:  # self-attention
+            q_new, k_new, v_new = self._project_self(query)
+            q = self._split_heads(q_new)  # (B, H, T, d_k)
+            k, v = self._keys_values(key, value, B, cache, static_kv, (k_new, v_new))  # (B, H, S, d_k)
+        else:
+            q = self._split_heads(self.q_proj(query))
+            k, v = self._keys_values(key, value, B, cache, static_kv)
         S = k.shape[2]
 
         mask = expand_attention_mask(key_padding_mask, attn_mask, B, self.num_heads, T, S)
@@ -262,6 +346,29 @@ class MultiHeadAttention(nn.Module):
             self.recorded.append(weights.detach())
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # concat heads: (B, T, D)
         return self.out_proj(out), weights
+
+    def packed_self_attention(self, x: Tensor, packing: Packing, attn_mask: Tensor | None = None) -> Tensor:
+        """Self-attention of packed real tokens (see :mod:`scratchformer.packing`).
+
+        Args:
+            x: (N, D) the real tokens of a (B, T) batch, packed by ``packing``.
+            packing: where they sit; its key-padding mask hides the padding from every query.
+            attn_mask: (T, T), (B, T, T) or (B, H, T, T) bool, True = may attend.
+
+        Returns:
+            (N, D). The projections run on the N tokens only; attention itself on (B, H, T, T).
+        """
+        check_last_dim("x", x, self.d_model, "(N, D)")
+        B, T = packing.batch, packing.length
+        q, k, v = (self._split_heads(packing.unpack(t)) for t in self._project_self(x))  # (B, H, T, d_k)
+        mask = expand_attention_mask(packing.key_padding_mask, attn_mask, B, self.num_heads, T, T)
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask, dropout_p=self.dropout if self.training else 0.0, need_weights=self.record_weights,
+            scale=self.scale,
+        )
+        if self.record_weights and weights is not None:
+            self.recorded.append(weights.detach())
+        return self.out_proj(packing.pack(out.transpose(1, 2).reshape(B, T, self.d_model)))
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import Tensor, nn
 
 from scratchformer.attention import MultiHeadAttention
 from scratchformer.feedforward import PositionwiseFeedForward
 from scratchformer.layer_norm import LayerNorm
+from scratchformer.packing import Packing
 
 __all__ = ["Encoder", "EncoderLayer"]
 
@@ -57,20 +59,46 @@ class EncoderLayer(nn.Module):
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 
-    def _self_attention(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor:
+    def _self_attention(
+        self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, packing: Packing | None
+    ) -> Tensor:
+        if packing is not None:
+            return self.dropout1(self.self_attn.packed_self_attention(x, packing, attn_mask))
         out, _ = self.self_attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
         return self.dropout1(out)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        *,
+        packing: Packing | None = None,
+    ) -> Tensor:
         """x (B, S, D); key_padding_mask (B, S) bool, True at real tokens; attn_mask (S, S),
-        (B, S, S) or (B, H, S, S) bool, True = may attend. Returns (B, S, D)."""
+        (B, S, S) or (B, H, S, S) bool, True = may attend. Returns (B, S, D).
+
+        With ``packing`` x is (N, D), only the real tokens (see :mod:`scratchformer.packing`);
+        the padding mask is then the packing's and ``key_padding_mask`` is ignored.
+        """
         if self.norm_first:
-            x = x + self._self_attention(self.norm1(x), key_padding_mask, attn_mask)
+            x = x + self._self_attention(self.norm1(x), key_padding_mask, attn_mask, packing)
             x = x + self.dropout2(self.feed_forward(self.norm2(x)))
         else:
-            x = self.norm1(x + self._self_attention(x, key_padding_mask, attn_mask))
+            x = self.norm1(x + self._self_attention(x, key_padding_mask, attn_mask, packing))
             x = self.norm2(x + self.dropout2(self.feed_forward(x)))
         return x
+
+
+def _all_real(key_padding_mask: Tensor | None, x: Tensor) -> bool:
+    """Whether a well-formed (B, S) bool padding mask marks every position real (reads it on the host)."""
+    return (
+        key_padding_mask is not None
+        and key_padding_mask.dtype == torch.bool
+        and tuple(key_padding_mask.shape) == tuple(x.shape[:2])
+        and not torch.compiler.is_compiling()
+        and bool(key_padding_mask.all())
+    )
 
 
 class Encoder(nn.Module):
@@ -92,16 +120,27 @@ class Encoder(nn.Module):
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         output_hidden_states: bool = False,
+        skip_padding: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """x (B, S, D) -> (B, S, D); masks as in ``EncoderLayer``.
 
         With ``output_hidden_states`` also returns the N + 1 hidden states: the input, then
         every layer's output (the last one before the final norm, as Hugging Face does).
+
+        With ``skip_padding`` (and a ``key_padding_mask``) the layers compute the real tokens
+        only (:mod:`scratchformer.packing`): padded positions cost next to nothing and come out
+        as zeros, as in ``torch.nn.TransformerEncoder``'s fast path. Real positions are unchanged.
         """
+        if _all_real(key_padding_mask, x):
+            key_padding_mask = None  # no padding at all: attention may run its unmasked (fastest) kernel
+        packing = Packing.from_mask(key_padding_mask) if skip_padding and key_padding_mask is not None else None
         hidden = [x]
+        h = x if packing is None else packing.pack(x)
         for layer in self.layers:
-            x = layer(x, key_padding_mask, attn_mask)
-            hidden.append(x)
+            h = layer(h, key_padding_mask, attn_mask, packing=packing)
+            if output_hidden_states:
+                hidden.append(h if packing is None else packing.unpack(h))
         if self.norm is not None:
-            x = self.norm(x)
+            h = self.norm(h)
+        x = h if packing is None else packing.unpack(h)
         return (x, hidden) if output_hidden_states else x

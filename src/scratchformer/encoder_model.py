@@ -127,6 +127,7 @@ class ContextualEncoder(nn.Module):
         padding_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
+        skip_padding: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Encode a padded batch.
 
@@ -136,6 +137,8 @@ class ContextualEncoder(nn.Module):
             token_type_ids: (B, L) segment ids in [0, type_vocab_size).
             output_hidden_states: also return the N + 1 hidden states (the embedding output,
                 then each layer's output), as Hugging Face's ``output_hidden_states``.
+            skip_padding: compute the real tokens only (see ``Encoder.forward``); the output is
+                zero at padded positions. Faster on padded batches, same values elsewhere.
 
         Returns:
             (B, L, D), and the list of hidden states if asked.
@@ -156,7 +159,9 @@ class ContextualEncoder(nn.Module):
                     f"got {tuple(token_type_ids.shape)}"
                 )
         x = self.embeddings(tokens, token_type_ids)
-        return self.encoder(x, key_padding_mask=padding_mask, output_hidden_states=output_hidden_states)
+        return self.encoder(
+            x, key_padding_mask=padding_mask, output_hidden_states=output_hidden_states, skip_padding=skip_padding
+        )
 
     def pool(self, hidden: Tensor) -> Tensor:
         """BERT's pooler on the first ([CLS]) position: (B, L, D) -> (B, D)."""

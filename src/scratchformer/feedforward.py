@@ -41,6 +41,10 @@ class PositionwiseFeedForward(nn.Module):
         nn.init.xavier_uniform_(self.linear2.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (B, L, D) -> (B, L, D)."""
+        """x (B, L, D) -> (B, L, D); also (N, D) packed tokens (see :mod:`scratchformer.packing`)."""
         check_last_dim("x", x, self.linear1.in_features, "(B, L, D)")
-        return self.linear2(self.dropout(_ACTIVATIONS[self.activation](self.linear1(x))))
+        h = self.linear1(x)
+        # ReLU in place on the fresh linear output (autograd-safe: the matmul does not keep its
+        # output for backward) saves allocating and writing a second (B, L, d_ff) tensor.
+        h = F.relu(h, inplace=True) if self.activation == "relu" else _ACTIVATIONS[self.activation](h)
+        return self.linear2(self.dropout(h))

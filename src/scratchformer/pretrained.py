@@ -260,7 +260,8 @@ class SentenceEncoder:
         for start in tqdm(starts, desc="embedding", unit="batch", disable=not progress):
             idx = order[start : start + batch_size]
             batch = self.tokenizer([texts[i] for i in idx]).to(self.device)
-            hidden = self.encoder(batch.ids, batch.padding_mask, batch.type_ids)
+            # pooling reads real tokens only, so the padded positions need not be computed
+            hidden = self.encoder(batch.ids, batch.padding_mask, batch.type_ids, skip_padding=True)
             out[idx] = pool(hidden, batch.padding_mask, self.pooling, self.normalize).float().cpu()
         return out
 

@@ -59,7 +59,7 @@ def check_tokens(name: str, tokens: Tensor, vocab_size: int, max_len: int | None
             f"{name}: sequence length {tokens.shape[1]} exceeds the configured maximum max_len={max_len}"
         )
     if tokens.numel() and not torch.compiler.is_compiling():
-        low, high = int(tokens.min()), int(tokens.max())
+        low, high = (int(t) for t in torch.aminmax(tokens))  # one pass, one host sync
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
             raise ValueError(

@@ -1,0 +1,97 @@
+"""Run the benchmark suite: ``python -m benchmarks.run [--size smoke|full] [--device cpu|cuda] [--only ...]``.
+
+Writes ``benchmarks/results/<size>-<device>.md`` (the tables, the machine, the targets),
+``.json`` (every timing) and ``.png`` (a bar chart of the ratios to the references).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness import Group, run_group
+from benchmarks.report import machine_description, targets, write_markdown, write_png
+from benchmarks.suite import BUILDERS, GROUPS, SIZES
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="full")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]; on CUDA every row runs in bf16")
+    parser.add_argument("--only", default=",".join(g for g in GROUPS if g != "gpt2"),
+                        help=f"comma-separated groups among {','.join(GROUPS)} (default: all but gpt2, which "
+                             "is added on CUDA)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per group (default: the size's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the .md, .json and .png")
+    args = parser.parse_args(argv)
+    only = [g.strip() for g in args.only.split(",") if g.strip()]
+    unknown = sorted(set(only) - set(GROUPS))
+    if unknown:
+        parser.error(f"--only: unknown groups {unknown}; choose among {list(GROUPS)}")
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.device.type == "cuda" and "--only" not in " ".join(argv or sys.argv) and "gpt2" not in only:
+        only.append("gpt2")
+    if "gpt2" in only and args.device.type != "cuda":
+        print("gpt2 (decoder-only MFU) runs on CUDA only; skipped", file=sys.stderr)
+        only.remove("gpt2")
+    args.groups = [g for g in GROUPS if g in only]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    size = SIZES[args.size]
+    if args.repeats:
+        size = dataclasses.replace(size, repeats=args.repeats, latency_repeats=args.repeats)
+    command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    machine = machine_description(args.device)
+    print(machine)
+    start = time.perf_counter()
+    groups: list[Group] = []
+    for name in args.groups:
+        for group in BUILDERS[name](size, args.device):
+            print(f"{group.name} ({group.repeats} rounds after {group.warmup} warm-up)", flush=True)
+            run_group(group, args.device)
+            groups.append(group)
+            # free this group's models before building the next one
+            for case in group.cases:
+                case.fn = case.warmup_fn = None  # type: ignore[assignment]
+    elapsed = time.perf_counter() - start
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{args.size}-{args.device.type}"
+    met = targets(groups, args.size == "full" and args.device.type == "cpu")
+    md = write_markdown(args.out / f"{stem}.md", groups, machine, command, elapsed, met)
+    write_png(args.out / f"{stem}.png", groups, machine)
+    raw = {
+        "command": command, "machine": machine, "elapsed_s": elapsed, "pid_nice": os.nice(0),
+        "platform": platform.platform(),
+        "groups": [{"name": g.name, "note": g.note, "repeats": g.repeats, "cases": [
+            {"row": c.row, "impl": c.impl, "times_s": c.times, "tokens": c.tokens, "flops": c.flops,
+             "references": list(c.references), "precision": c.precision} for c in g.cases]} for g in groups],
+        "targets": met,
+    }
+    (args.out / f"{stem}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    print(md)
+    print(f"wrote {args.out / stem}.md, .json, .png in {elapsed:.0f} s")
+    return raw
+
+
+if __name__ == "__main__":
+    main()

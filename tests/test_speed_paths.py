@@ -1,0 +1,159 @@
+"""The speed paths give the same values as the plain ones: skip_padding (packed real tokens) as
+the plain path and as torch.nn's nested-tensor fast path (which also skips padding); the stacked
+Q/K/V projection of inference; the KV cache's growable buffer as torch.cat."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import TOL, backward_with, copy_into_reference, encoder_layer_pairing, max_diff, randomize_norms
+from torch import nn
+
+import scratchformer as sf
+from scratchformer.packing import Packing
+
+D, H, FF, N = 32, 4, 64, 2
+
+
+def _encoder(norm_first: bool, activation: str = "relu") -> sf.Encoder:
+    torch.manual_seed(0)
+    layers = [sf.EncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first)
+              for _ in range(N)]
+    encoder = sf.Encoder(layers, sf.LayerNorm(D) if norm_first else None).eval()
+    randomize_norms(encoder)
+    return encoder
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 9, D, generator=gen)
+    lengths = torch.tensor([9, 5, 1, 7])
+    return x, torch.arange(9)[None, :] < lengths[:, None]
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["postLN", "preLN"])
+def test_skip_padding_equals_torch_fast_path(norm_first: bool) -> None:
+    """torch.nn.TransformerEncoder's fast path (nested tensors) is an independent implementation
+    of the same idea: real positions computed, zeros at padding."""
+    ours = _encoder(norm_first)
+    ref = nn.TransformerEncoder(  # fast path: eval, inference mode, post-LN
+        nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first, batch_first=True), N,
+        norm=nn.LayerNorm(D) if norm_first else None, enable_nested_tensor=True,
+    ).eval()
+    for a, b in zip(ours.layers, ref.layers):
+        copy_into_reference(encoder_layer_pairing(a, b))
+    if norm_first:
+        assert ours.norm is not None and ref.norm is not None
+        copy_into_reference([([ours.norm.weight], ref.norm.weight), ([ours.norm.bias], ref.norm.bias)])
+    x, mask = _batch()
+    with torch.inference_mode():
+        packed = ours(x, mask, skip_padding=True)
+        plain = ours(x, mask)
+        expected = ref(x, src_key_padding_mask=~mask)
+    assert packed.shape == x.shape
+    assert max_diff(packed[mask], expected[mask]) <= TOL
+    if not norm_first:  # torch.nn skips padding only for post-LN; it then returns zeros there too
+        assert max_diff(packed, expected) <= TOL
+    assert torch.all(packed[~mask] == 0)
+    assert max_diff(packed[mask], plain[mask]) <= TOL
+    assert plain[~mask].abs().max() > 0.1  # the plain path does compute the padded positions
+
+
+def test_skip_padding_gradients_hidden_states_and_attn_mask() -> None:
+    ours = _encoder(norm_first=False, activation="gelu").train()  # dropout 0: deterministic
+    x, mask = _batch()
+    attn_mask = torch.rand(9, 9, generator=torch.Generator().manual_seed(2)) > 0.3
+    results = []
+    for skip in (False, True):
+        ours.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        out, hidden = ours(xi, mask, attn_mask=attn_mask, output_hidden_states=True, skip_padding=skip)
+        backward_with(out * mask[..., None])  # a loss on the real positions only
+        results.append((out, hidden, xi.grad, [p.grad.clone() for p in ours.parameters()]))
+    (out0, hid0, gx0, gp0), (out1, hid1, gx1, gp1) = results
+    assert max_diff(out0[mask], out1[mask]) <= TOL
+    assert len(hid0) == len(hid1) == N + 1
+    assert all(max_diff(a[mask], b[mask]) <= TOL for a, b in zip(hid0, hid1))
+    assert max_diff(gx0, gx1) <= TOL
+    assert max(max_diff(a, b) for a, b in zip(gp0, gp1)) <= TOL
+
+
+def test_skip_padding_fully_padded_row_and_contextual_encoder() -> None:
+    cfg = sf.EncoderConfig(vocab_size=50, d_model=D, num_heads=H, num_layers=N, d_ff=FF, dropout=0.0)
+    model = sf.ContextualEncoder(cfg).eval()
+    tokens = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [0, 0, 0, 0]])
+    with torch.no_grad():
+        plain, packed = model(tokens), model(tokens, skip_padding=True)
+    real = tokens != 0
+    assert torch.isfinite(packed).all() and torch.all(packed[~real] == 0)
+    assert max_diff(plain[real], packed[real]) <= TOL
+
+
+def test_packing_round_trip_and_errors() -> None:
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    packing = Packing.from_mask(mask)
+    x = torch.arange(6.0).view(2, 3, 1)
+    assert len(packing) == 3
+    assert packing.pack(x).flatten().tolist() == [0.0, 1.0, 3.0]
+    assert packing.unpack(packing.pack(x)).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="expected shape"):
+        packing.pack(torch.zeros(2, 4, 1))
+    with pytest.raises(ValueError, match="packed tokens"):
+        packing.unpack(torch.zeros(4, 1))
+    with pytest.raises(TypeError, match="torch.bool"):
+        Packing.from_mask(mask.long())
+
+
+def test_stacked_qkv_inference_matches_autograd_path_and_follows_weight_updates() -> None:
+    """Inference projects Q, K, V with one stacked matrix cached between calls; the cache must
+    notice an optimizer step (an in-place update) and loading new weights."""
+    torch.manual_seed(0)
+    mha = sf.MultiHeadAttention(D, H).eval()
+    x = torch.randn(2, 5, D)
+    for _ in range(2):
+        with torch.no_grad():
+            fast, _ = mha(x)
+        slow, _ = mha(x)  # autograd on: three separate projections
+        assert max_diff(fast, slow) <= TOL
+        with torch.no_grad():
+            mha.k_proj.weight.mul_(1.5)  # in place, as an optimizer step
+    other = sf.MultiHeadAttention(D, H)
+    mha.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert max_diff(mha(x)[0], other(x)[0]) <= TOL
+
+
+def test_kv_cache_buffer_equals_concatenation_and_survives_reorder() -> None:
+    gen = torch.Generator().manual_seed(3)
+    order = torch.tensor([2, 0])  # beam search keeps rows 2 and 0 after step 30
+
+    def kv(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(batch, 2, 1, 4, generator=gen), torch.randn(batch, 2, 1, 4, generator=gen)
+
+    steps = [kv(3) for _ in range(31)] + [kv(2) for _ in range(9)]
+    cache = sf.KVCache()
+    with torch.no_grad():
+        for i, (k, v) in enumerate(steps):
+            if i == 20:
+                early_k = cache.k
+                assert early_k is not None
+                early = early_k.clone()
+            if i == 31:
+                cache.reorder(order)
+            k_all, v_all = cache.append(k, v)
+    expected_k = torch.cat([k[order] if i < 31 else k for i, (k, _) in enumerate(steps)], dim=2)
+    expected_v = torch.cat([v[order] if i < 31 else v for i, (_, v) in enumerate(steps)], dim=2)
+    assert len(cache) == 40 and torch.equal(k_all, expected_k) and torch.equal(v_all, expected_v)
+    assert torch.equal(early_k, early)  # a view handed out earlier is never overwritten
+    assert cache._buffers is not None and cache._buffers[0].shape[2] >= 40  # the buffer path did run
+
+
+def test_all_real_padding_mask_runs_unmasked_and_bad_masks_still_fail() -> None:
+    ours = _encoder(norm_first=False)
+    x, _ = _batch()
+    full = torch.ones(4, 9, dtype=torch.bool)
+    with torch.no_grad():
+        assert max_diff(ours(x, full), ours(x)) <= TOL
+        assert max_diff(ours(x, full, skip_padding=True), ours(x)) <= TOL
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        ours(x, torch.ones(4, 10, dtype=torch.bool))
