@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_decoding import random_model
+from test_decoding import sources as decoding_sources
 
 import scratchformer as sf
 from scratchformer.decoding import beam_search
@@ -87,19 +89,8 @@ def test_finished_hypotheses_stop_growing() -> None:
         assert sentence[0].tokens == [B, EOS]
 
 
-def random_model(seed: int) -> sf.Transformer:
-    torch.manual_seed(seed)
-    cfg = sf.TransformerConfig(src_vocab_size=25, tgt_vocab_size=25, d_model=32, num_heads=4, d_ff=64,
-                               num_encoder_layers=2, num_decoder_layers=2, dropout=0.0)
-    return sf.Transformer(cfg).eval()
-
-
-def sources(seed: int, lengths=(7, 3, 5, 1)) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), max(lengths)), PAD)
-    for i, n in enumerate(lengths):
-        src[i, :n] = torch.randint(3, 25, (n,), generator=gen)
-    return src
+def sources(seed: int) -> torch.Tensor:
+    return decoding_sources(torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("seed", range(3))

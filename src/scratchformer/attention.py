@@ -216,11 +216,16 @@ class MultiHeadAttention(nn.Module):
                   if p is not None]
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
         if self._stacked_qkv is None or self._stacked_qkv[0] != key:
-            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
-            biases = [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
-            bias = torch.cat([b for b in biases if b is not None]).detach() if biases[0] is not None else None
-            self._stacked_qkv = (key, weight, bias)
+            weight, bias = self._stack_qkv()
+            self._stacked_qkv = (key, weight.detach(), None if bias is None else bias.detach())
         return self._stacked_qkv[1], self._stacked_qkv[2]
+
+    def _stack_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """[W^Q; W^K; W^V] (3D, D) and [b^Q; b^K; b^V] (3D,) (None without biases), through autograd."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight for p in projs])
+        bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        return weight, bias
 
     def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The Q, K, V projections of self-attention input x (..., D): three (..., D).
@@ -231,13 +236,7 @@ class MultiHeadAttention(nn.Module):
         """
         if torch.compiler.is_compiling():  # the compiler fuses on its own
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        bias: Tensor | None
-        if torch.is_grad_enabled():
-            projs = (self.q_proj, self.k_proj, self.v_proj)
-            weight = torch.cat([p.weight for p in projs])
-            bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
-        else:
-            weight, bias = self._stacked_qkv_weights()
+        weight, bias = self._stack_qkv() if torch.is_grad_enabled() else self._stacked_qkv_weights()
         q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)
         return q, k, v
 
