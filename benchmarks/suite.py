@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 import scratchformer as sf
 from benchmarks.harness import Case, Group
-from scratchformer.decoding import beam_search
+from scratchformer.generation.decoding import beam_search
 
 FAST, SLOW = "torch.nn fast path", "torch.nn fast path off"
 OURS, OURS_SKIP = "scratchformer Encoder", "scratchformer Encoder, skip_padding"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from scratchformer.pretrained import SentenceEncoder, default_model_dir
+from scratchformer.models.pretrained import SentenceEncoder, default_model_dir
 
 
 def default_data_dir() -> Path:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scratchformer.image_captioning import load_captioner, plot_caption_examples
-from scratchformer.shapes_scenes import shape_scene_splits
+from scratchformer.tasks.captioning import load_captioner, plot_caption_examples
+from scratchformer.data.shapes import shape_scene_splits
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import time
 import torch
 
 import scratchformer as sf
-from scratchformer.decoding import beam_search
+from scratchformer.generation.decoding import beam_search
 
 BOS, EOS = 1, 2
 

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from scratchformer.tokenization import train_wordpiece
+from scratchformer.data.tokenization import train_wordpiece
 from scratchformer.training import TrainConfig, Trainer, distributed
 
 N_EXAMPLES = 64

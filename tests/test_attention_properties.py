@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import scratchformer as sf
-from scratchformer.masks import expand_attention_mask
+from scratchformer.core.masks import expand_attention_mask
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

@@ -12,7 +12,7 @@ from test_decoding import random_model
 from test_decoding import sources as decoding_sources
 
 import scratchformer as sf
-from scratchformer.decoding import beam_search
+from scratchformer.generation.decoding import beam_search
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from scratchformer import CaptioningConfig, CaptioningTransformer, PatchEmbedding, beam_search, greedy_decode
-from scratchformer.caption_data import (
+from scratchformer.data.captions import (
     CaptionExamples,
     Vocabulary,
     load_caption_folder,
@@ -20,13 +20,13 @@ from scratchformer.caption_data import (
     tokenize_caption,
 )
 from scratchformer.cli import main
-from scratchformer.image_captioning import (
+from scratchformer.tasks.captioning import (
     CaptioningRecipe,
     caption_scores,
     load_captioner,
     train_captioner,
 )
-from scratchformer.shapes_scenes import COLOURS, held_out_pairs, shape_scene_splits
+from scratchformer.data.shapes import COLOURS, held_out_pairs, shape_scene_splits
 from scratchformer.training import TrainConfig
 
 END = Vocabulary.end_id

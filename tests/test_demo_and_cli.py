@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from scratchformer.cli import main
-from scratchformer.demo import BOS, EOS, FIRST_DIGIT, PAD, DemoConfig, make_batch
+from scratchformer.tasks.demo import BOS, EOS, FIRST_DIGIT, PAD, DemoConfig, make_batch
 
 
 def test_make_batch_targets_are_reversed_inputs() -> None:

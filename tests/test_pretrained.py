@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
 from scratchformer.cli import main  # noqa: E402
-from scratchformer.pretrained import CheckpointError, SentenceEncoder, load_bert_encoder  # noqa: E402
+from scratchformer.models.pretrained import CheckpointError, SentenceEncoder, load_bert_encoder  # noqa: E402
 
 MODEL_DIR = Path(minilm.get_model_path())
 
@@ -198,7 +198,7 @@ def test_cli_embed_and_similarity(capsys) -> None:
 
 
 def test_text_classifier_starts_from_the_pretrained_encoder(ours) -> None:
-    from scratchformer.classifier import TextClassifier
+    from scratchformer.models.classifier import TextClassifier
 
     clf = TextClassifier.from_pretrained_encoder(MODEL_DIR, num_classes=3, pooling="mean").eval()
     for name, tensor in ours.encoder.state_dict().items():

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scratchformer.data import default_data_dir, load_labelled_texts
-from scratchformer.text_classification import ClassifierRecipe
+from scratchformer.data.labelled_texts import default_data_dir, load_labelled_texts
+from scratchformer.tasks.classification import ClassifierRecipe
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = default_data_dir() if default_data_dir().is_absolute() else (REPO / default_data_dir())

@@ -10,7 +10,7 @@ from helpers import TOL, backward_with, copy_into_reference, encoder_layer_pairi
 from torch import nn
 
 import scratchformer as sf
-from scratchformer.packing import Packing
+from scratchformer.fast.packing import Packing
 
 D, H, FF, N = 32, 4, 64, 2
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchformer.batching import length_bucketed_batches
-from scratchformer.classifier import ClassifierConfig, TextClassifier
+from scratchformer.data.batching import length_bucketed_batches
+from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.cli import main
-from scratchformer.data import load_labelled_texts
-from scratchformer.encoder_model import EncoderConfig
-from scratchformer.text_classification import ClassifierRecipe, classification_metrics, load_classifier, train_classifier
+from scratchformer.data.labelled_texts import load_labelled_texts
+from scratchformer.models.contextual import EncoderConfig
+from scratchformer.tasks.classification import ClassifierRecipe, classification_metrics, load_classifier, train_classifier
 from scratchformer.training import TrainConfig
 
 POSITIVE = ["great", "wonderful", "superb", "loved", "brilliant"]

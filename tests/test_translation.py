@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from scratchformer.cli import main
-from scratchformer.parallel_data import load_parallel_texts
-from scratchformer.tokenization import train_bpe
+from scratchformer.data.parallel_texts import load_parallel_texts
+from scratchformer.data.tokenization import train_bpe
 from scratchformer.training import TrainConfig
-from scratchformer.translation import (
+from scratchformer.tasks.translation import (
     TranslationRecipe,
     bleu_and_chrf,
     label_smoothed_loss,

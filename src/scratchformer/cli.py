@@ -12,7 +12,7 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     import torch
 
-    from scratchformer.demo import DemoConfig, run_demo
+    from scratchformer.tasks.demo import DemoConfig, run_demo
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -30,7 +30,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sentence_encoder(args: argparse.Namespace):
-    from scratchformer.pretrained import SentenceEncoder, default_model_dir
+    from scratchformer.models.pretrained import SentenceEncoder, default_model_dir
 
     model = args.model or default_model_dir()
     if model is None:
@@ -82,8 +82,8 @@ def _train_overrides(args: argparse.Namespace) -> dict:
 def _train_classifier(args: argparse.Namespace) -> int:
     import json
 
-    from scratchformer.data import default_data_dir
-    from scratchformer.text_classification import ClassifierRecipe, train_classifier
+    from scratchformer.data.labelled_texts import default_data_dir
+    from scratchformer.tasks.classification import ClassifierRecipe, train_classifier
 
     overrides: dict = {}
     if args.train:
@@ -118,8 +118,8 @@ def _print_on_main(text: str) -> None:
 def _train_translation(args: argparse.Namespace) -> int:
     import json
 
-    from scratchformer.data import default_data_dir
-    from scratchformer.translation import TranslationRecipe, train_translation
+    from scratchformer.data.labelled_texts import default_data_dir
+    from scratchformer.tasks.translation import TranslationRecipe, train_translation
 
     recipe = TranslationRecipe.from_json(args.config, train=_train_overrides(args))
     report = train_translation(recipe, args.data_dir or default_data_dir(), resume=args.resume)
@@ -130,8 +130,8 @@ def _train_translation(args: argparse.Namespace) -> int:
 def _train_captioner(args: argparse.Namespace) -> int:
     import json
 
-    from scratchformer.data import default_data_dir
-    from scratchformer.image_captioning import CaptioningRecipe, train_captioner
+    from scratchformer.data.labelled_texts import default_data_dir
+    from scratchformer.tasks.captioning import CaptioningRecipe, train_captioner
 
     recipe = CaptioningRecipe.from_json(args.config, train=_train_overrides(args))
     report = train_captioner(recipe, args.data_dir or default_data_dir(), resume=args.resume)
@@ -144,7 +144,7 @@ def _caption(args: argparse.Namespace) -> int:
 
     import torch
 
-    from scratchformer.image_captioning import load_captioner
+    from scratchformer.tasks.captioning import load_captioner
 
     captioner = load_captioner(args.checkpoint, device=args.device)
     try:
@@ -163,8 +163,8 @@ def _caption(args: argparse.Namespace) -> int:
 
 
 def _shapes(args: argparse.Namespace) -> int:
-    from scratchformer.caption_data import save_caption_folder
-    from scratchformer.shapes_scenes import shape_scene_splits
+    from scratchformer.data.captions import save_caption_folder
+    from scratchformer.data.shapes import shape_scene_splits
 
     size = {"train": "train_size", "valid": "valid_size"}.get(args.split, "test_size")
     sizes = {"train_size": 0, "valid_size": 0, "test_size": 0, size: args.count}
@@ -174,7 +174,7 @@ def _shapes(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from scratchformer.translation import load_translator, read_lines
+    from scratchformer.tasks.translation import load_translator, read_lines
 
     translator = load_translator(args.checkpoint, device=args.device)
     lines = [args.text] if args.text else sys.stdin
@@ -185,8 +185,8 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _attention(args: argparse.Namespace) -> int:
-    from scratchformer.attention_maps import translation_attention_maps
-    from scratchformer.translation import load_translator
+    from scratchformer.tools.attention_maps import translation_attention_maps
+    from scratchformer.tasks.translation import load_translator
 
     translation, written = translation_attention_maps(
         load_translator(args.checkpoint, device="cpu"), args.text, args.out, beam_size=args.beam
@@ -211,8 +211,8 @@ def _print_classification_report(metrics: dict) -> None:
 def _evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from scratchformer.data import load_labelled_texts
-    from scratchformer.text_classification import load_classifier
+    from scratchformer.data.labelled_texts import load_labelled_texts
+    from scratchformer.tasks.classification import load_classifier
     from scratchformer.training import load_config
 
     kind = load_config(args.checkpoint).get("kind")
@@ -237,8 +237,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _evaluate_translation(args: argparse.Namespace) -> int:
 
-    from scratchformer.data import open_text
-    from scratchformer.translation import load_translator
+    from scratchformer.data.labelled_texts import open_text
+    from scratchformer.tasks.translation import load_translator
 
     if not (args.source and args.reference):
         raise SystemExit("error: --source FILE and --reference FILE are required to evaluate a translation model")
@@ -266,8 +266,8 @@ def _print_scores(args: argparse.Namespace, scores: dict, line: str) -> int:
 
 def _evaluate_captioning(args: argparse.Namespace) -> int:
 
-    from scratchformer.caption_data import load_caption_folder
-    from scratchformer.image_captioning import load_captioner
+    from scratchformer.data.captions import load_caption_folder
+    from scratchformer.tasks.captioning import load_captioner
 
     if not (args.captions and args.images):
         raise SystemExit("error: --captions TSV and --images DIR are required to evaluate a captioning model")
@@ -279,7 +279,7 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
 
 
 def _classify(args: argparse.Namespace) -> int:
-    from scratchformer.text_classification import load_classifier
+    from scratchformer.tasks.classification import load_classifier
 
     clf = load_classifier(args.checkpoint, device=args.device)
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]

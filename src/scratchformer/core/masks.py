@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from scratchformer.validation import check_mask
+from scratchformer.core.checks import check_mask
 
 __all__ = ["causal_mask", "combine_masks", "expand_attention_mask", "padding_mask"]
 

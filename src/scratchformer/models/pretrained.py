@@ -32,9 +32,9 @@ from safetensors.torch import load_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from scratchformer.encoder_model import ContextualEncoder, EncoderConfig
-from scratchformer.pooling import pool
-from scratchformer.tokenization import TextTokenizer
+from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
+from scratchformer.models.pooling import pool
+from scratchformer.data.tokenization import TextTokenizer
 
 __all__ = [
     "CheckpointError",

@@ -20,14 +20,14 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from scratchformer.batching import length_bucketed_batches
-from scratchformer.decoding import beam_search, greedy_decode
-from scratchformer.parallel_data import ParallelTexts, load_parallel_texts
-from scratchformer.tokenization import train_bpe
+from scratchformer.data.batching import length_bucketed_batches
+from scratchformer.generation.decoding import beam_search, greedy_decode
+from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
+from scratchformer.data.tokenization import train_bpe
 from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
-from scratchformer.transformer import Transformer, TransformerConfig
+from scratchformer.core.transformer import Transformer, TransformerConfig
 
 __all__ = [
     "TranslationRecipe",

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from scratchformer.attention import MultiHeadAttention
-from scratchformer.feedforward import PositionwiseFeedForward
-from scratchformer.layer_norm import LayerNorm
-from scratchformer.packing import Packing
+from scratchformer.core.attention import MultiHeadAttention
+from scratchformer.core.feedforward import PositionwiseFeedForward
+from scratchformer.core.layer_norm import LayerNorm
+from scratchformer.fast.packing import Packing
 
 __all__ = ["Encoder", "EncoderLayer"]
 
@@ -78,7 +78,7 @@ class EncoderLayer(nn.Module):
         """x (B, S, D); key_padding_mask (B, S) bool, True at real tokens; attn_mask (S, S),
         (B, S, S) or (B, H, S, S) bool, True = may attend. Returns (B, S, D).
 
-        With ``packing`` x is (N, D), only the real tokens (see :mod:`scratchformer.packing`);
+        With ``packing`` x is (N, D), only the real tokens (see :mod:`scratchformer.fast.packing`);
         the padding mask is then the packing's and ``key_padding_mask`` is ignored.
         """
         if self.norm_first:
@@ -128,7 +128,7 @@ class Encoder(nn.Module):
         every layer's output (the last one before the final norm, as Hugging Face does).
 
         With ``skip_padding`` (and a ``key_padding_mask``) the layers compute the real tokens
-        only (:mod:`scratchformer.packing`): padded positions cost next to nothing and come out
+        only (:mod:`scratchformer.fast.packing`): padded positions cost next to nothing and come out
         as zeros, as in ``torch.nn.TransformerEncoder``'s fast path. Real positions are unchanged.
         """
         if _all_real(key_padding_mask, x):

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from scratchformer.decoder import Decoder, DecoderCache, DecoderLayer
-from scratchformer.embedding import TokenEmbedding
-from scratchformer.encoder import Encoder, EncoderLayer
-from scratchformer.layer_norm import LayerNorm
-from scratchformer.patch_embedding import PatchEmbedding
-from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.validation import DictConfig, check_features, check_model_config, check_tokens
+from scratchformer.core.decoder import Decoder, DecoderCache, DecoderLayer
+from scratchformer.core.embedding import TokenEmbedding
+from scratchformer.core.encoder import Encoder, EncoderLayer
+from scratchformer.core.layer_norm import LayerNorm
+from scratchformer.models.patch_embedding import PatchEmbedding
+from scratchformer.core.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from scratchformer.core.checks import DictConfig, check_features, check_model_config, check_tokens
 
 __all__ = ["CaptioningConfig", "CaptioningTransformer"]
 

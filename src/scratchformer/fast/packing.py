@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from scratchformer.validation import check_mask
+from scratchformer.core.checks import check_mask
 
 __all__ = ["Packing"]
 

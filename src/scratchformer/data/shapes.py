@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from scratchformer.caption_data import CaptionExamples
+from scratchformer.data.captions import CaptionExamples
 
 __all__ = ["COLOURS", "SHAPES", "SIZES", "Shape", "held_out_pairs", "render_scene", "sample_scene",
            "scene_captions", "shape_scene_splits"]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from scratchformer.validation import check_last_dim
+from scratchformer.core.checks import check_last_dim
 
 __all__ = ["PositionwiseFeedForward"]
 
@@ -41,7 +41,7 @@ class PositionwiseFeedForward(nn.Module):
         nn.init.xavier_uniform_(self.linear2.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (B, L, D) -> (B, L, D); also (N, D) packed tokens (see :mod:`scratchformer.packing`)."""
+        """x (B, L, D) -> (B, L, D); also (N, D) packed tokens (see :mod:`scratchformer.fast.packing`)."""
         check_last_dim("x", x, self.linear1.in_features, "(B, L, D)")
         h = self.linear1(x)
         # ReLU in place on the fresh linear output (autograd-safe: the matmul does not keep its

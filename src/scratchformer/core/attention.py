@@ -6,7 +6,7 @@
 The per-head projections W_i^Q of all h heads together form one full D x D matrix W^Q (likewise
 for K, V and the output W^O): four D x D projections, not one shared d_k-sized map.
 
-Masks follow the convention of :mod:`scratchformer.masks`: bool, True = may attend.
+Masks follow the convention of :mod:`scratchformer.core.masks`: bool, True = may attend.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from scratchformer.masks import causal_mask, combine_masks, expand_attention_mask
-from scratchformer.packing import Packing
-from scratchformer.validation import check_features, check_last_dim
+from scratchformer.core.masks import causal_mask, combine_masks, expand_attention_mask
+from scratchformer.fast.packing import Packing
+from scratchformer.core.checks import check_features, check_last_dim
 
 __all__ = ["KVCache", "MultiHeadAttention", "scaled_dot_product_attention"]
 
@@ -189,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
-        self.record_weights = False  # set by scratchformer.attention_maps.record_attention
+        self.record_weights = False  # set by scratchformer.tools.attention_maps.record_attention
         self.recorded: list[Tensor] = []
         self._stacked_qkv: tuple[tuple[object, ...], Tensor, Tensor | None] | None = None  # inference cache
         self.reset_parameters()
@@ -347,7 +347,7 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out), weights
 
     def packed_self_attention(self, x: Tensor, packing: Packing, attn_mask: Tensor | None = None) -> Tensor:
-        """Self-attention of packed real tokens (see :mod:`scratchformer.packing`).
+        """Self-attention of packed real tokens (see :mod:`scratchformer.fast.packing`).
 
         Args:
             x: (N, D) the real tokens of a (B, T) batch, packed by ``packing``.

@@ -15,8 +15,8 @@ from torch import Tensor
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from scratchformer.decoding import greedy_decode
-from scratchformer.transformer import Transformer, TransformerConfig
+from scratchformer.generation.decoding import greedy_decode
+from scratchformer.core.transformer import Transformer, TransformerConfig
 
 __all__ = ["DemoConfig", "DemoResult", "make_batch", "run_demo"]
 

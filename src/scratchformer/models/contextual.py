@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from scratchformer.embedding import TokenEmbedding
-from scratchformer.encoder import Encoder, EncoderLayer
-from scratchformer.layer_norm import LayerNorm
-from scratchformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.validation import DictConfig, check_mask, check_model_config, check_tokens
+from scratchformer.core.embedding import TokenEmbedding
+from scratchformer.core.encoder import Encoder, EncoderLayer
+from scratchformer.core.layer_norm import LayerNorm
+from scratchformer.core.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from scratchformer.core.checks import DictConfig, check_mask, check_model_config, check_tokens
 
 __all__ = ["ContextualEncoder", "EncoderConfig", "EncoderEmbedding"]
 

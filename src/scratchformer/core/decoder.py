@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from scratchformer.attention import KVCache, MultiHeadAttention
-from scratchformer.feedforward import PositionwiseFeedForward
-from scratchformer.layer_norm import LayerNorm
+from scratchformer.core.attention import KVCache, MultiHeadAttention
+from scratchformer.core.feedforward import PositionwiseFeedForward
+from scratchformer.core.layer_norm import LayerNorm
 
 __all__ = ["Decoder", "DecoderCache", "DecoderLayer", "DecoderLayerCache"]
 

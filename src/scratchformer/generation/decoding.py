@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from scratchformer.decoder import Decoder, DecoderCache
+from scratchformer.core.decoder import Decoder, DecoderCache
 
 __all__ = ["EncoderDecoder", "Hypothesis", "beam_search", "greedy_decode", "max_decode_length"]
 

@@ -6,8 +6,8 @@
     captioner.caption(images)                 # (B, 3, 64, 64) -> ["a small red circle above ...", ...]
 
 Data (``CaptioningRecipe.data``): "shapes" (the built-in rendered scenes, see
-:mod:`scratchformer.shapes_scenes`), "cs231n" (cs231n's COCO features) or "folder" (a folder of
-images or feature files with captions TSVs); see :mod:`scratchformer.caption_data`.
+:mod:`scratchformer.data.shapes`), "cs231n" (cs231n's COCO features) or "folder" (a folder of
+images or feature files with captions TSVs); see :mod:`scratchformer.data.captions`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from scratchformer.attention_maps import record_attention
-from scratchformer.caption_data import (
+from scratchformer.tools.attention_maps import record_attention
+from scratchformer.data.captions import (
     CaptionExamples,
     Vocabulary,
     load_caption_folder,
@@ -33,13 +33,13 @@ from scratchformer.caption_data import (
     load_image,
     tokenize_caption,
 )
-from scratchformer.captioning import CaptioningConfig, CaptioningTransformer
-from scratchformer.decoding import beam_search, greedy_decode
-from scratchformer.patch_embedding import PatchEmbedding
+from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
+from scratchformer.generation.decoding import beam_search, greedy_decode
+from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
-from scratchformer.translation import label_smoothed_loss, pad_ids
+from scratchformer.tasks.translation import label_smoothed_loss, pad_ids
 
 __all__ = ["Captioner", "CaptioningRecipe", "CaptioningTask", "caption_scores", "load_caption_splits",
            "load_captioner", "plot_caption_attention", "plot_caption_examples", "train_captioner"]
@@ -276,7 +276,7 @@ def load_caption_splits(recipe: CaptioningRecipe, data_dir: str | Path = "../sha
     """The recipe's splits ("train", "valid", and "test..." ones) and the vocabulary."""
     r = recipe
     if r.data == "shapes":
-        from scratchformer.shapes_scenes import shape_scene_splits
+        from scratchformer.data.shapes import shape_scene_splits
 
         splits = shape_scene_splits(**r.shapes)
         return splits, Vocabulary.build((c for refs in splits["train"].references for c in refs), r.min_count)

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from scratchformer.validation import check_tokens
+from scratchformer.core.checks import check_tokens
 
 __all__ = ["TokenEmbedding"]
 

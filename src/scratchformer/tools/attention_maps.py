@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from scratchformer.translation import Translator
+    from scratchformer.tasks.translation import Translator
 
-from scratchformer.attention import MultiHeadAttention
+from scratchformer.core.attention import MultiHeadAttention
 
 __all__ = ["plot_attention", "record_attention", "translation_attention_maps"]
 
@@ -73,7 +73,7 @@ def translation_attention_maps(
     """Translate ``text``, then draw every attention module's weights for that sentence pair:
     encoder self-attention (source x source), decoder self-attention (target x target prefix) and
     cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
-    from scratchformer.translation import BOS, pad_ids
+    from scratchformer.tasks.translation import BOS, pad_ids
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scratchformer.data import open_text
+from scratchformer.data.labelled_texts import open_text
 
 __all__ = ["ParallelTexts", "load_parallel_texts"]
 

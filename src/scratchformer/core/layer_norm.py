@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from scratchformer.validation import check_last_dim
+from scratchformer.core.checks import check_last_dim
 
 __all__ = ["LayerNorm"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from scratchformer.encoder_model import ContextualEncoder, EncoderConfig
-from scratchformer.pooling import POOLING_MODES, pool
+from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
+from scratchformer.models.pooling import POOLING_MODES, pool
 
 __all__ = ["ClassifierConfig", "TextClassifier"]
 
@@ -59,8 +59,8 @@ class TextClassifier(nn.Module):
     def from_pretrained_encoder(
         cls, directory: str | Path, num_classes: int, pooling: str = "mean", head_dropout: float = 0.1
     ) -> TextClassifier:
-        """Start from a pretrained BERT-family checkpoint directory (see scratchformer.pretrained)."""
-        from scratchformer.pretrained import load_bert_encoder
+        """Start from a pretrained BERT-family checkpoint directory (see scratchformer.models.pretrained)."""
+        from scratchformer.models.pretrained import load_bert_encoder
 
         encoder = load_bert_encoder(directory)
         model = cls(ClassifierConfig(encoder.config, num_classes, pooling, head_dropout))

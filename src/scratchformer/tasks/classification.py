@@ -19,11 +19,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from scratchformer.batching import length_bucketed_batches
-from scratchformer.classifier import ClassifierConfig, TextClassifier
-from scratchformer.data import LabelledTexts, load_labelled_texts
-from scratchformer.encoder_model import EncoderConfig
-from scratchformer.tokenization import TextTokenizer, train_wordpiece
+from scratchformer.data.batching import length_bucketed_batches
+from scratchformer.models.classifier import ClassifierConfig, TextClassifier
+from scratchformer.data.labelled_texts import LabelledTexts, load_labelled_texts
+from scratchformer.models.contextual import EncoderConfig
+from scratchformer.data.tokenization import TextTokenizer, train_wordpiece
 from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
