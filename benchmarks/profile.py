@@ -61,12 +61,13 @@ def main(argv: list[str] | None = None) -> None:
         runs = {"scratchformer Encoder": step("ours", models.ours), "torch.nn (training)": step("torch", models.torch)}
     else:
         models.ours.eval()
+        models.ours_skip.eval()
         models.torch.eval()
         kpm = mask if args.row == "padding" else None
 
         def ours() -> object:
             with torch.inference_mode():
-                return models.ours(x, kpm, skip_padding=kpm is not None)
+                return (models.ours if kpm is None else models.ours_skip)(x, kpm)
 
         def reference() -> object:
             with torch.inference_mode(), fast_path(True):

@@ -1,6 +1,7 @@
 """The rows of the benchmark: what is timed against what, at which size.
 
-Every model has random weights (no download) and dropout 0 (the references and ours then do the
+Ours are ``sf.optimize``d (the speed paths of scratchformer.fast, as the tasks use them). Every
+model has random weights (no download) and dropout 0 (the references and ours then do the
 same arithmetic; dropout would time the random-number generator, not the model). Inference runs
 under ``torch.inference_mode()`` (which also lets ``torch.nn``'s fast path engage); on CUDA the
 inference models are cast to bf16 and training uses bf16 autocast.
@@ -9,6 +10,7 @@ inference models are cast to bf16 and training uses bf16 autocast.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -18,7 +20,7 @@ from torch import Tensor, nn
 
 import scratchformer as sf
 from benchmarks.harness import Case, Group
-from scratchformer.generation.decoding import beam_search
+from scratchformer.generation import beam_search
 
 FAST, SLOW = "torch.nn fast path", "torch.nn fast path off"
 OURS, OURS_SKIP = "scratchformer Encoder", "scratchformer Encoder, skip_padding"
@@ -109,15 +111,18 @@ class Models:
 
         torch.manual_seed(0)
         D, H, F, N = size.d_model, size.heads, size.d_ff, size.layers
-        self.ours = sf.Encoder([sf.EncoderLayer(D, H, F, dropout=0.0) for _ in range(N)]).to(device)
+        self.ours = sf.optimize(sf.Encoder([sf.EncoderLayer(D, H, F, dropout=0.0) for _ in range(N)]).to(device))
         layer = nn.TransformerEncoderLayer(D, H, F, dropout=0.0, batch_first=True)
         self.torch = nn.TransformerEncoder(layer, N, enable_nested_tensor=True).to(device)
         max_len = max(max(T for _, T in size.shapes), size.train[1])
-        self.ours_bert = sf.ContextualEncoder(sf.EncoderConfig(
+        self.ours_bert = sf.optimize(sf.ContextualEncoder(sf.EncoderConfig(
             vocab_size=size.vocab, d_model=D, num_heads=H, num_layers=N, d_ff=F, dropout=0.0, activation="gelu",
             layer_norm_eps=1e-12, max_len=max_len, positional="learned", type_vocab_size=2, embedding_norm=True,
             scale_embedding=False, pad_id=0,
-        )).to(device)
+        )).to(device))
+        # the same weights, computing real tokens only (sf.optimize(..., skip_padding=True))
+        self.ours_skip = sf.optimize(copy.deepcopy(self.ours), skip_padding=True)
+        self.ours_bert_skip = sf.optimize(copy.deepcopy(self.ours_bert), skip_padding=True)
         self.bert: nn.Module = BertModel(BertConfig(
             vocab_size=size.vocab, hidden_size=D, num_hidden_layers=N, num_attention_heads=H, intermediate_size=F,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=max_len,
@@ -125,7 +130,7 @@ class Models:
         nn.Module.to(self.bert, device)
 
     def all(self) -> list[nn.Module]:
-        return [self.ours, self.torch, self.ours_bert, self.bert]
+        return [self.ours, self.ours_skip, self.torch, self.ours_bert, self.ours_bert_skip, self.bert]
 
 
 def inference_groups(size: Size, device: torch.device) -> list[Group]:
@@ -163,8 +168,8 @@ def inference_groups(size: Size, device: torch.device) -> list[Group]:
                 case(BERT, partial(models.bert, input_ids=tokens, attention_mask=mask.long())),
             ]
             if padding:
-                cases.insert(1, case(OURS_SKIP, partial(models.ours, x, kpm, skip_padding=True), (FAST, SLOW, OURS)))
-                cases.insert(5, case(OURS_BERT_SKIP, partial(models.ours_bert, tokens, mask, skip_padding=True),
+                cases.insert(1, case(OURS_SKIP, partial(models.ours_skip, x, kpm), (FAST, SLOW, OURS)))
+                cases.insert(5, case(OURS_BERT_SKIP, partial(models.ours_bert_skip, tokens, mask),
                                      (BERT, OURS_BERT)))
             repeats = size.latency_repeats if B * T <= 64 else size.repeats
             groups.append(Group(f"encoder inference {row}", cases, repeats))
@@ -215,7 +220,7 @@ def seq2seq_group(size: Size, device: torch.device) -> list[Group]:
     D, H, F, N = size.d_model, size.heads, size.d_ff, size.layers
     encoder = sf.Encoder([sf.EncoderLayer(D, H, F, dropout=0.0) for _ in range(N)], sf.LayerNorm(D))
     decoder = sf.Decoder([sf.DecoderLayer(D, H, F, dropout=0.0) for _ in range(N)], sf.LayerNorm(D))
-    ours = nn.ModuleList([encoder, decoder]).to(device).train()
+    ours = sf.optimize(nn.ModuleList([encoder, decoder]).to(device).train())
     ref = nn.Transformer(D, H, N, N, F, dropout=0.0, batch_first=True).to(device).train()
     B, L = size.seq2seq
     src = torch.randn(B, L, D, device=device)
@@ -245,7 +250,7 @@ def decoding_groups(size: Size, device: torch.device) -> list[Group]:
         src_vocab_size=size.vocab, tgt_vocab_size=size.vocab, d_model=size.d_model, num_heads=size.heads,
         d_ff=size.d_ff, num_encoder_layers=size.layers, num_decoder_layers=size.layers, dropout=0.0, max_len=512,
     )
-    model = sf.Transformer(cfg).to(device).eval()
+    model = sf.optimize(sf.Transformer(cfg).to(device).eval())
     if device.type == "cuda":
         model.to(torch.bfloat16)
     with torch.no_grad():
@@ -327,7 +332,7 @@ class DecoderOnlyLM(nn.Module):
         self.position = sf.LearnedPositionalEmbedding(max_len, d_model)
         blocks = [sf.EncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, activation="gelu", norm_first=True)
                   for _ in range(layers)]
-        self.blocks = sf.Encoder(blocks, sf.LayerNorm(d_model))
+        self.blocks = sf.optimize(sf.Encoder(blocks, sf.LayerNorm(d_model)))
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> logits (B, T, V), the output projection tied to the embedding."""

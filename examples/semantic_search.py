@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from scratchformer.models.pretrained import SentenceEncoder, default_model_dir
+from scratchformer.models.pretrained import default_model_dir
+from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
 
 def default_data_dir() -> Path:

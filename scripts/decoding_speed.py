@@ -19,7 +19,7 @@ import time
 import torch
 
 import scratchformer as sf
-from scratchformer.generation.decoding import beam_search
+from scratchformer.generation import beam_search
 
 BOS, EOS = 1, 2
 
@@ -35,7 +35,7 @@ def main() -> None:
     torch.manual_seed(0)
     cfg = sf.TransformerConfig(src_vocab_size=8000, tgt_vocab_size=8000, num_encoder_layers=args.layers,
                                num_decoder_layers=args.layers, dropout=0.0, max_len=512)
-    model = sf.Transformer(cfg).eval()
+    model = sf.optimize(sf.Transformer(cfg).eval())
     with torch.no_grad():
         model.generator.bias[EOS] = -1e4  # never finish early: exactly --new-tokens steps
     src = torch.randint(3, 8000, (args.batch, 24))

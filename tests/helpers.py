@@ -1,7 +1,7 @@
 """Shared test helpers: map our parameters onto torch.nn's reference modules.
 
 A "pairing" is a list of (our tensors, reference tensor): the reference tensor equals our tensors
-concatenated along dim 0 (PyTorch packs W^Q, W^K, W^V into one in_proj_weight). The same
+concatenated along dim 0. The same
 pairing copies weights into the reference and compares gradients afterwards.
 """
 
@@ -21,8 +21,8 @@ TOL = 1e-5
 
 def mha_pairing(ours: sf.MultiHeadAttention, ref: nn.MultiheadAttention) -> Pairing:
     return [
-        ([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight], ref.in_proj_weight),
-        ([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias], ref.in_proj_bias),
+        ([ours.qkv_proj.weight], ref.in_proj_weight),  # [W^Q; W^K; W^V], both sides
+        ([ours.qkv_proj.bias], ref.in_proj_bias),
         ([ours.out_proj.weight], ref.out_proj.weight),
         ([ours.out_proj.bias], ref.out_proj.bias),
     ]

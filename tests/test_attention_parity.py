@@ -117,7 +117,7 @@ def test_no_bias_matches_torch() -> None:
     ref = nn.MultiheadAttention(D, H, batch_first=True, bias=False).eval()
     copy_into_reference(
         [
-            ([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight], ref.in_proj_weight),
+            ([ours.qkv_proj.weight], ref.in_proj_weight),
             ([ours.out_proj.weight], ref.out_proj.weight),
         ]
     )

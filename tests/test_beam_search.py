@@ -12,20 +12,9 @@ from test_decoding import random_model
 from test_decoding import sources as decoding_sources
 
 import scratchformer as sf
-from scratchformer.generation.decoding import beam_search
+from scratchformer.generation import beam_search
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
-
-
-class ScriptedCache:
-    def __init__(self) -> None:
-        self.rows: list[list[int]] = []
-
-    def __len__(self) -> int:
-        return len(self.rows[0]) if self.rows else 0
-
-    def reorder(self, index: torch.Tensor) -> None:
-        self.rows = [list(self.rows[i]) for i in index.tolist()]
 
 
 class ScriptedModel:
@@ -36,7 +25,7 @@ class ScriptedModel:
     def __init__(self, table: dict[tuple[int, ...], dict[int, float]]):
         self.table = table
         self.config = SimpleNamespace(pad_id=PAD, tgt_vocab_size=5, max_len=64)
-        self.decoder = SimpleNamespace(new_cache=ScriptedCache)
+        self.decoder = SimpleNamespace(layers=[None])  # decoding gives it a one-layer DecoderCache
 
     def source_padding_mask(self, src):
         return src != PAD
@@ -45,11 +34,10 @@ class ScriptedModel:
         return torch.zeros(src.shape[0], src.shape[1], 1)
 
     def decode(self, tgt, memory, src_padding_mask=None, cache=None):
-        if not cache.rows:
-            cache.rows = [[] for _ in range(tgt.shape[0])]
+        token = tgt[:, -1:].float()[:, None, :, None]  # (B, 1, 1, 1): the cache keeps each row's history
+        history, _ = cache.layers[0].self_attn.append(token, token)  # and beam search reorders it
         logits = torch.full((tgt.shape[0], 1, 5), -1e9)
-        for i, (row, token) in enumerate(zip(cache.rows, tgt[:, -1].tolist())):
-            row.append(token)
+        for i, row in enumerate(history[:, 0, :, 0].long().tolist()):
             for t, p in self.table.get(tuple(row[1:]), {EOS: 1.0}).items():
                 logits[i, 0, t] = math.log(p)
         return logits

@@ -69,7 +69,7 @@ def test_decoder_cache_reorder_selects_batch_rows() -> None:
     model = random_model(1)
     src = sources(torch.Generator().manual_seed(1))
     memory = model.encode(src)
-    cache = model.decoder.new_cache()
+    cache = sf.DecoderCache(len(model.decoder.layers))
     model.decode(torch.full((4, 1), BOS), memory, src != PAD, cache=cache)
     k_before = cache.layers[0].self_attn.k.clone()
     cache.reorder(torch.tensor([2, 2, 0]))
@@ -103,7 +103,7 @@ def test_chunked_cached_decode_equals_full_decode(positional: str) -> None:
     tgt = torch.randint(3, 25, (src.shape[0], 6), generator=torch.Generator().manual_seed(5))
     memory = model.encode(src)
     full = model.decode(tgt, memory, src != PAD)
-    cache = model.decoder.new_cache()
+    cache = sf.DecoderCache(len(model.decoder.layers))
     chunks = [model.decode(tgt[:, a:b], memory, src != PAD, cache=cache) for a, b in [(0, 3), (3, 4), (4, 6)]]
     assert len(cache) == 6
     assert (torch.cat(chunks, dim=1) - full).abs().max().item() <= 1e-5

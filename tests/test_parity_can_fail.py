@@ -37,9 +37,10 @@ def test_correct_attention_passes() -> None:
 def test_swapped_projection_fails() -> None:
     ours, ref, _ = make_pair()
     with torch.no_grad():
-        w_q = ours.q_proj.weight.clone()
-        ours.q_proj.weight.copy_(ours.k_proj.weight)
-        ours.k_proj.weight.copy_(w_q)
+        w_q, w_k = ours.qkv_proj.weight[:D], ours.qkv_proj.weight[D : 2 * D]  # W^Q, W^K
+        w_q_copy = w_q.clone()
+        w_q.copy_(w_k)
+        w_k.copy_(w_q_copy)
     assert attention_diff(ours, ref) > BROKEN
 
 
@@ -48,8 +49,9 @@ def test_one_shared_per_head_projection_fails() -> None:
     ours, ref, _ = make_pair()
     with torch.no_grad():
         d_k = D // H
-        shared = ours.q_proj.weight[:d_k, :d_k]
-        ours.q_proj.weight.copy_(torch.block_diag(*[shared] * H))
+        w_q = ours.qkv_proj.weight[:D]  # W^Q
+        shared = w_q[:d_k, :d_k].clone()
+        w_q.copy_(torch.block_diag(*[shared] * H))
     assert attention_diff(ours, ref) > BROKEN
 
 

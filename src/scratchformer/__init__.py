@@ -1,29 +1,36 @@
 """scratchformer: the Transformer of "Attention Is All You Need", from scratch in PyTorch.
 
+The package is layered (see README, "Map of the code"): core/ is the paper; fast/ and
+generation/ build on it; models/, data/, tasks/, tools/ and training/ sit above. This module
+re-exports the public API only.
+
 Mask convention everywhere: bool tensors, True = may attend (see :mod:`scratchformer.core.masks`).
 Shape letters: B batch, S source length, T target length, D model width, H heads, V vocabulary.
 """
 
-from scratchformer.core.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
-from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
-from scratchformer.core.decoder import Decoder, DecoderCache, DecoderLayer, DecoderLayerCache
-from scratchformer.generation.decoding import beam_search, greedy_decode
-from scratchformer.core.embedding import TokenEmbedding
+from scratchformer.core.attention import MultiHeadAttention, scaled_dot_product_attention
+from scratchformer.core.config import ModelConfig
+from scratchformer.core.decoder import Decoder, DecoderLayer
+from scratchformer.core.embedding import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+    sinusoidal_table,
+)
 from scratchformer.core.encoder import Encoder, EncoderLayer
-from scratchformer.models.contextual import ContextualEncoder, EncoderConfig, EncoderEmbedding
 from scratchformer.core.feedforward import PositionwiseFeedForward
 from scratchformer.core.layer_norm import LayerNorm
 from scratchformer.core.masks import causal_mask, combine_masks, padding_mask
+from scratchformer.core.transformer import Transformer, TransformerConfig
+from scratchformer.data.tokenization import TextTokenizer, TokenBatch
+from scratchformer.fast import optimize
+from scratchformer.generation import DecoderCache, DecoderLayerCache, KVCache, beam_search, greedy_decode
+from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
+from scratchformer.models.contextual import ContextualEncoder, EncoderConfig, EncoderEmbedding
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.models.pooling import masked_mean, pool
-from scratchformer.core.positional import (
-    LearnedPositionalEmbedding,
-    SinusoidalPositionalEncoding,
-    sinusoidal_table,
-)
-from scratchformer.models.pretrained import CheckpointError, SentenceEncoder, load_bert_encoder
-from scratchformer.data.tokenization import TextTokenizer, TokenBatch
-from scratchformer.core.transformer import Transformer, TransformerConfig
+from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
+from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
 __version__ = "0.1.0"
 
@@ -43,6 +50,7 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "LearnedPositionalEmbedding",
+    "ModelConfig",
     "MultiHeadAttention",
     "PatchEmbedding",
     "PositionwiseFeedForward",
@@ -59,6 +67,7 @@ __all__ = [
     "greedy_decode",
     "load_bert_encoder",
     "masked_mean",
+    "optimize",
     "padding_mask",
     "pool",
     "scaled_dot_product_attention",

@@ -30,7 +30,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sentence_encoder(args: argparse.Namespace):
-    from scratchformer.models.pretrained import SentenceEncoder, default_model_dir
+    from scratchformer.models.pretrained import default_model_dir
+    from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
     model = args.model or default_model_dir()
     if model is None:
@@ -185,7 +186,7 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _attention(args: argparse.Namespace) -> int:
-    from scratchformer.tools.attention_maps import translation_attention_maps
+    from scratchformer.tasks.translation import translation_attention_maps
     from scratchformer.tasks.translation import load_translator
 
     translation, written = translation_attention_maps(

@@ -1,6 +1,12 @@
-"""Token embedding (paper, section 3.4).
+"""Embeddings and positions (paper, sections 3.4 and 3.5).
 
-"In the embedding layers, we multiply those weights by sqrt(d_model)."
+"In the embedding layers, we multiply those weights by sqrt(d_model)." Positions are added:
+
+    PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+    PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+
+even dimensions carry the sine and odd ones the cosine of the same angle (interleaved, as in the
+paper), not the two halves concatenated. Learned positions (BERT) are the paper's table 3 row E.
 """
 
 from __future__ import annotations
@@ -10,35 +16,26 @@ import math
 import torch
 from torch import Tensor, nn
 
-from scratchformer.core.checks import check_tokens
+from scratchformer.core.checks import check_features, check_tokens
 
-__all__ = ["TokenEmbedding"]
+__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "TokenEmbedding", "sinusoidal_table"]
 
 
 class TokenEmbedding(nn.Module):
-    """Look up a D-dimensional vector for each token id, times sqrt(D).
-
-    Args:
-        vocab_size: V, the number of token ids.
-        d_model: D, the model width.
-        padding_idx: id whose vector starts at zero and gets no gradient from the lookup
-            (a tied output projection still updates it).
-        scale: multiply by sqrt(D) as in the paper (BERT-style models set False).
-    """
+    """A D-dimensional vector for each of V token ids, times sqrt(D) (``scale``; BERT has none).
+    ``padding_idx``: its vector starts at zero and gets no gradient from the lookup (a tied output
+    projection still updates it)."""
 
     def __init__(self, vocab_size: int, d_model: int, padding_idx: int | None = None, scale: bool = True):
         super().__init__()
-        self.vocab_size = vocab_size
-        self.d_model = d_model
-        self.padding_idx = padding_idx
+        self.vocab_size, self.d_model, self.padding_idx = vocab_size, d_model, padding_idx
         self.scale = math.sqrt(d_model) if scale else 1.0
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # Scaled (paper): N(0, D^-1/2), so that after the sqrt(D) scaling the vectors have unit
-        # variance and a tied output projection starts with logits of unit scale (as fairseq).
-        # Unscaled (BERT): N(0, 0.02), BERT's initializer_range.
+        """Scaled (paper): N(0, D^-1/2), unit variance after the sqrt(D) scaling, so a tied output
+        projection starts with logits of unit scale (as fairseq). Unscaled (BERT): N(0, 0.02)."""
         nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5 if self.scale != 1.0 else 0.02)
         if self.padding_idx is not None:
             with torch.no_grad():
@@ -47,8 +44,56 @@ class TokenEmbedding(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, L) integer ids -> (B, L, D)."""
         check_tokens("tokens", tokens, self.vocab_size)
-        out = nn.functional.embedding(tokens, self.weight, self.padding_idx)
-        return out * self.scale if self.scale != 1.0 else out
+        return nn.functional.embedding(tokens, self.weight, self.padding_idx) * self.scale
 
-    def extra_repr(self) -> str:
-        return f"{self.vocab_size}, {self.d_model}, padding_idx={self.padding_idx}, scale={self.scale:.4g}"
+
+def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The ``(length, D)`` table of the paper's formula, computed in float64 then cast."""
+    if d_model % 2:
+        raise ValueError(f"sinusoidal positions need an even d_model, got d_model={d_model}")
+    pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (D/2,)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (L, D/2)
+    table = torch.empty(length, d_model, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    return table.to(dtype)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sinusoidal table (max_len x D, D even) to its input. A formula, not a weight:
+    checkpoints do not store it. Past its length it computes a longer table, never an index error."""
+
+    table: Tensor
+
+    def __init__(self, d_model: int, max_len: int = 1024):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x (B, L, D) -> x + PE[offset : offset + L], same shape and dtype."""
+        check_features("x", x, "(B, L, D)", self.d_model)
+        end = offset + x.shape[1]
+        if end > self.table.shape[0]:
+            self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model).to(self.table.device)
+        return x + self.table[offset:end].to(x.dtype)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """A trained D-vector for each of ``max_len`` positions (BERT, GPT); longer input is a
+    ``ValueError``, never an index crash."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x (B, L, D) -> x + P[offset : offset + L]."""
+        check_features("x", x, "(B, L, D)", self.weight.shape[1])
+        end = offset + x.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"LearnedPositionalEmbedding: positions up to {end} requested, but the table has "
+                             f"max_len={self.max_len} positions")
+        return x + self.weight[offset:end].to(x.dtype)

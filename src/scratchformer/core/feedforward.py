@@ -7,32 +7,23 @@ applied to every position separately: D -> d_ff -> D, ReLU as in the paper or GE
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from scratchformer.core.checks import check_last_dim
+from scratchformer.core.checks import check_features
 
 __all__ = ["PositionwiseFeedForward"]
 
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # gelu: exact (erf), as BERT
 
 
 class PositionwiseFeedForward(nn.Module):
-    """Two linear maps with an activation (and dropout) between them.
-
-    Args:
-        d_model: D, input and output width.
-        d_ff: inner width (2048 in the paper for D = 512).
-        dropout: applied to the activations of the inner layer.
-        activation: "relu" (paper) or "gelu" (exact erf GELU, as BERT).
-    """
+    """D -> d_ff (2048 in the paper for D = 512) -> D, with the activation and dropout between."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1, activation: str = "relu", bias: bool = True):
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation: expected one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)  # W1, b1
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W2, b2
@@ -41,10 +32,6 @@ class PositionwiseFeedForward(nn.Module):
         nn.init.xavier_uniform_(self.linear2.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (B, L, D) -> (B, L, D); also (N, D) packed tokens (see :mod:`scratchformer.fast.packing`)."""
-        check_last_dim("x", x, self.linear1.in_features, "(B, L, D)")
-        h = self.linear1(x)
-        # ReLU in place on the fresh linear output (autograd-safe: the matmul does not keep its
-        # output for backward) saves allocating and writing a second (B, L, d_ff) tensor.
-        h = F.relu(h, inplace=True) if self.activation == "relu" else _ACTIVATIONS[self.activation](h)
-        return self.linear2(self.dropout(h))
+        """x (B, L, D) -> (B, L, D); any leading shape (..., D) works."""
+        check_features("x", x, "(B, L, D)", self.linear1.in_features, dims=None)
+        return self.linear2(self.dropout(ACTIVATIONS[self.activation](self.linear1(x))))

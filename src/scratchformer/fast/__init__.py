@@ -1,0 +1,47 @@
+"""Opt-in speed paths. Each is a subclass of a core/ module with the same parameters (so the same
+``state_dict``) and the same values, proven equal to core/ in tests/test_fast.py. One call
+switches them on, in place:
+
+    model = optimize(model)                      # the tasks and benchmarks do this
+    model = optimize(model, skip_padding=True)   # encoders also skip padded positions
+
+    LayerNorm                -> FastLayerNorm    hand-written backward, fused affine
+    PositionwiseFeedForward  -> FastFeedForward  ReLU in place
+    Encoder                  -> FastEncoder      drops an all-real padding mask; packs real tokens
+
+The KV cache's growing buffer, the other speed path, lives with decoding in ``generation/``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from scratchformer.core.encoder import Encoder
+from scratchformer.core.feedforward import PositionwiseFeedForward
+from scratchformer.core.layer_norm import LayerNorm
+from scratchformer.fast.encoder import FastEncoder
+from scratchformer.fast.feedforward import FastFeedForward
+from scratchformer.fast.layer_norm import FastLayerNorm
+from scratchformer.fast.packing import Packing
+
+__all__ = ["FastEncoder", "FastFeedForward", "FastLayerNorm", "Packing", "optimize"]
+
+_FAST: dict[type[nn.Module], type[nn.Module]] = {
+    LayerNorm: FastLayerNorm, PositionwiseFeedForward: FastFeedForward, Encoder: FastEncoder,
+}
+
+
+def optimize(model: nn.Module, *, skip_padding: bool = False) -> nn.Module:
+    """Switch every core module of ``model`` that has a fast version to it, in place (its class
+    changes; its parameters, buffers and state_dict do not). Returns ``model``.
+
+    ``skip_padding``: encoders compute real tokens only and return zeros at padded positions (for
+    inference and pooling; real positions are unchanged).
+    """
+    for module in model.modules():
+        fast = _FAST.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
+        if isinstance(module, FastEncoder):
+            module.skip_padding = skip_padding
+    return model

@@ -1,0 +1,2 @@
+"""Models built from core/: the contextual (BERT-family) encoder, the text classifier, the image
+captioning Transformer with its patch embedding, and the pretrained-weight maps."""

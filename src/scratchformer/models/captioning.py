@@ -14,25 +14,24 @@ and :func:`~scratchformer.beam_search` caption images unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from scratchformer.core.decoder import Decoder, DecoderCache, DecoderLayer
+from scratchformer.core.checks import check_features, check_tokens
+from scratchformer.core.config import ModelConfig
 from scratchformer.core.embedding import TokenEmbedding
-from scratchformer.core.encoder import Encoder, EncoderLayer
-from scratchformer.core.layer_norm import LayerNorm
 from scratchformer.models.patch_embedding import PatchEmbedding
-from scratchformer.core.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.core.checks import DictConfig, check_features, check_model_config, check_tokens
 
 __all__ = ["CaptioningConfig", "CaptioningTransformer"]
 
 
 @dataclass
-class CaptioningConfig(DictConfig):
-    """Hyper-parameters of :class:`CaptioningTransformer`.
+class CaptioningConfig(ModelConfig):
+    """:class:`~scratchformer.core.config.ModelConfig`'s fields (pre-LN by default: it trains a ViT
+    stably), and:
 
     Attributes:
         vocab_size: V, caption words (with the special words).
@@ -40,19 +39,19 @@ class CaptioningConfig(DictConfig):
             (precomputed image features, projected to D).
         image_size, channels, patch_size: H = W, C and P of the images ("pixels").
         feature_dim: D_img of the features ("features").
-        d_model: D.  num_heads: H.  d_ff: feed-forward inner width.
         num_encoder_layers: encoder layers over the patches or regions (0 with "features":
             the projected features are the memory, as in cs231n).
         num_decoder_layers: caption decoder layers.
-        dropout, attention_dropout, activation, norm_first, layer_norm_eps, bias: as
-            :class:`~scratchformer.TransformerConfig` (pre-LN by default: it trains a ViT stably).
         max_len: longest caption in tokens, <START> included.
-        positional: caption positions, "sinusoidal" or "learned".
         tie_output: the output projection reuses the word embedding matrix.
-        pad_id: the padding word id (cs231n's <NULL> is 0).
     """
 
+    VOCABS = ("vocab_size",)
+    SIZES = ("image_size", "channels", "patch_size", "feature_dim", "num_decoder_layers")
+    DEPTHS = ("num_encoder_layers",)
+
     vocab_size: int
+    _: KW_ONLY
     input: str = "pixels"
     image_size: int = 64
     channels: int = 3
@@ -63,26 +62,16 @@ class CaptioningConfig(DictConfig):
     d_ff: int = 1024
     num_encoder_layers: int = 3
     num_decoder_layers: int = 3
-    dropout: float = 0.1
-    attention_dropout: float | None = None
-    activation: str = "relu"
     norm_first: bool = True
-    layer_norm_eps: float = 1e-5
-    bias: bool = True
     max_len: int = 32
-    positional: str = "sinusoidal"
     tie_output: bool = True
-    pad_id: int = 0
 
     def __post_init__(self) -> None:
-        check_model_config(self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len", "image_size",
-                                  "channels", "patch_size", "feature_dim", "num_decoder_layers"), (self.vocab_size,))
+        super().__post_init__()
         if self.input not in ("pixels", "features"):
             raise ValueError(f"input: expected 'pixels' or 'features', got {self.input!r}")
         if self.input == "pixels" and self.image_size % self.patch_size:
             raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
-        if self.num_encoder_layers < 0:
-            raise ValueError(f"num_encoder_layers must be >= 0, got {self.num_encoder_layers}")
 
     @property
     def tgt_vocab_size(self) -> int:
@@ -107,23 +96,12 @@ class CaptioningTransformer(nn.Module):
             if c.input == "pixels"
             else nn.Linear(c.feature_dim, c.d_model)  # cs231n's visual_projection
         )
-        args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps, c.bias,
-                c.attention_dropout)
-
-        def final_norm(layers: int) -> LayerNorm | None:
-            return LayerNorm(c.d_model, c.layer_norm_eps) if c.norm_first and layers else None
-
-        self.encoder = Encoder([EncoderLayer(*args) for _ in range(c.num_encoder_layers)], final_norm(c.num_encoder_layers))
+        self.encoder = c.build_encoder(c.num_encoder_layers)
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.pos = (LearnedPositionalEmbedding(c.max_len, c.d_model) if c.positional == "learned"
-                    else SinusoidalPositionalEncoding(c.d_model, c.max_len))
+        self.pos = c.build_positions()
         self.dropout = nn.Dropout(c.dropout)
-        self.decoder = Decoder([DecoderLayer(*args) for _ in range(c.num_decoder_layers)], final_norm(c.num_decoder_layers))
-        self.generator = nn.Linear(c.d_model, c.vocab_size, bias=not c.tie_output)
-        if c.tie_output:
-            self.generator.weight = self.embed.weight
-        else:
-            nn.init.xavier_uniform_(self.generator.weight)
+        self.decoder = c.build_decoder(c.num_decoder_layers)
+        self.generator = c.build_output(c.vocab_size, self.embed if c.tie_output else None)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
@@ -154,7 +132,7 @@ class CaptioningTransformer(nn.Module):
         return self.encoder(self.dropout(x))
 
     def decode(self, captions: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None,
-               cache: DecoderCache | None = None) -> Tensor:
+               cache: Any = None) -> Tensor:
         """Next-word logits (B, T, V) for ``captions`` (B, T) word ids (with a ``cache``: only the new
         words) given ``memory`` (B, N, D). The decoder's self-attention is causal."""
         offset = len(cache) if cache is not None else 0

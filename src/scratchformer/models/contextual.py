@@ -4,71 +4,52 @@ One vector per token, in context: the left half of figure 1 on its own. The same
 expresses the paper's encoder (scaled token embedding + sinusoidal positions) and the BERT
 family (learned positions, token-type embeddings, a LayerNorm on the embeddings, exact GELU,
 LayerNorm eps 1e-12, post-LN) without a second copy of the layer code: both use
-:class:`~scratchformer.EncoderLayer`.
+:class:`~scratchformer.EncoderLayer`, built by :meth:`ModelConfig.build_encoder`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 from torch import Tensor, nn
 
+from scratchformer.core.checks import check_mask, check_tokens
+from scratchformer.core.config import ModelConfig
 from scratchformer.core.embedding import TokenEmbedding
-from scratchformer.core.encoder import Encoder, EncoderLayer
 from scratchformer.core.layer_norm import LayerNorm
-from scratchformer.core.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from scratchformer.core.checks import DictConfig, check_mask, check_model_config, check_tokens
 
 __all__ = ["ContextualEncoder", "EncoderConfig", "EncoderEmbedding"]
 
 
 @dataclass
-class EncoderConfig(DictConfig):
-    """Hyper-parameters of :class:`ContextualEncoder`.
+class EncoderConfig(ModelConfig):
+    """:class:`~scratchformer.core.config.ModelConfig`'s fields (with BERT-like defaults here), and:
 
     Attributes:
-        vocab_size: V.  d_model: D.  num_heads: H.  num_layers: N.  d_ff: feed-forward width.
-        dropout: everywhere (embeddings, sub-layers, attention, FFN).
-        attention_dropout: on the attention probabilities; None = ``dropout``.
-        activation: "relu" or "gelu" (exact, as BERT's "gelu").
-        norm_first: False = post-LN (paper, BERT), True = pre-LN.
-        final_norm: LayerNorm after the stack; None means "if norm_first".
-        layer_norm_eps: 1e-5 (PyTorch) or 1e-12 (BERT).
-        max_len: longest input; also the learned position table's size.
-        positional: "learned" (BERT) or "sinusoidal" (paper).
+        vocab_size: V.  num_layers: N.
         type_vocab_size: number of token types (segments); 0 = no token-type embedding.
         embedding_norm: LayerNorm on the summed embeddings (BERT).
         scale_embedding: multiply token vectors by sqrt(D) (paper); BERT does not.
-        pad_id: padding id (None: no padding).
         pooler: BERT's pooler, tanh(W h_[CLS] + b).
     """
 
+    VOCABS = ("vocab_size",)
+    DEPTHS = ("num_layers",)
+
     vocab_size: int
+    _: KW_ONLY
     d_model: int = 256
     num_heads: int = 4
     num_layers: int = 4
     d_ff: int = 1024
-    dropout: float = 0.1
-    attention_dropout: float | None = None
     activation: str = "gelu"
-    norm_first: bool = False
-    final_norm: bool | None = None
-    layer_norm_eps: float = 1e-5
     max_len: int = 512
     positional: str = "learned"
     type_vocab_size: int = 0
     embedding_norm: bool = False
     scale_embedding: bool = True
-    pad_id: int | None = 0
     pooler: bool = False
-
-    def __post_init__(self) -> None:
-        check_model_config(
-            self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len", "layer_norm_eps"), (self.vocab_size,)
-        )
-        if self.num_layers < 0:
-            raise ValueError(f"num_layers must be >= 0, got {self.num_layers}")
 
 
 class EncoderEmbedding(nn.Module):
@@ -77,11 +58,7 @@ class EncoderEmbedding(nn.Module):
     def __init__(self, c: EncoderConfig):
         super().__init__()
         self.token = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id, scale=c.scale_embedding)
-        self.position: nn.Module = (
-            LearnedPositionalEmbedding(c.max_len, c.d_model)
-            if c.positional == "learned"
-            else SinusoidalPositionalEncoding(c.d_model, c.max_len)
-        )
+        self.position = c.build_positions()
         self.token_type = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         if self.token_type is not None:
             nn.init.normal_(self.token_type.weight, std=0.02)
@@ -107,15 +84,7 @@ class ContextualEncoder(nn.Module):
         super().__init__()
         self.config = c = config
         self.embeddings = EncoderEmbedding(c)
-        final_norm = c.norm_first if c.final_norm is None else c.final_norm
-        self.encoder = Encoder(
-            [
-                EncoderLayer(c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.layer_norm_eps,
-                             attention_dropout=c.attention_dropout)
-                for _ in range(c.num_layers)
-            ],
-            LayerNorm(c.d_model, c.layer_norm_eps) if final_norm else None,
-        )
+        self.encoder = c.build_encoder(c.num_layers)
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
 
     def num_parameters(self) -> int:
@@ -127,7 +96,6 @@ class ContextualEncoder(nn.Module):
         padding_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
-        skip_padding: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Encode a padded batch.
 
@@ -137,8 +105,6 @@ class ContextualEncoder(nn.Module):
             token_type_ids: (B, L) segment ids in [0, type_vocab_size).
             output_hidden_states: also return the N + 1 hidden states (the embedding output,
                 then each layer's output), as Hugging Face's ``output_hidden_states``.
-            skip_padding: compute the real tokens only (see ``Encoder.forward``); the output is
-                zero at padded positions. Faster on padded batches, same values elsewhere.
 
         Returns:
             (B, L, D), and the list of hidden states if asked.
@@ -159,9 +125,7 @@ class ContextualEncoder(nn.Module):
                     f"got {tuple(token_type_ids.shape)}"
                 )
         x = self.embeddings(tokens, token_type_ids)
-        return self.encoder(
-            x, key_padding_mask=padding_mask, output_hidden_states=output_hidden_states, skip_padding=skip_padding
-        )
+        return self.encoder(x, key_padding_mask=padding_mask, output_hidden_states=output_hidden_states)
 
     def pool(self, hidden: Tensor) -> Tensor:
         """BERT's pooler on the first ([CLS]) position: (B, L, D) -> (B, D)."""

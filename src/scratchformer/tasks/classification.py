@@ -27,6 +27,7 @@ from scratchformer.data.tokenization import TextTokenizer, train_wordpiece
 from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
+from scratchformer.fast import optimize
 
 __all__ = [
     "ClassificationTask",
@@ -182,6 +183,7 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
                                    "pad_id": tokenizer.pad_id})
         torch.manual_seed(c.train.seed)
         model = TextClassifier(ClassifierConfig(encoder, len(full.label_names), c.pooling, c.head_dropout))
+    optimize(model)
     task = ClassificationTask(tokenizer, train, valid, model.config, c.batch_size)
     prepared = time.perf_counter() - start
 
@@ -237,7 +239,7 @@ class LoadedClassifier:
 def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassifier:
     """Load a checkpoint written by :func:`train_classifier` (weights via safetensors)."""
     directory, config = open_checkpoint(directory, "text_classifier")
-    model = TextClassifier(ClassifierConfig.from_dict(config["model"]))
+    model = optimize(TextClassifier(ClassifierConfig.from_dict(config["model"])))
     load_weights(model, directory)
     settings = config["tokenizer"]
     tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", settings["max_length"], settings["pad_token"],

@@ -15,7 +15,8 @@ from torch import Tensor
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from scratchformer.generation.decoding import greedy_decode
+from scratchformer.fast import optimize
+from scratchformer.generation import greedy_decode
 from scratchformer.core.transformer import Transformer, TransformerConfig
 
 __all__ = ["DemoConfig", "DemoResult", "make_batch", "run_demo"]
@@ -111,7 +112,7 @@ def run_demo(config: DemoConfig | None = None, progress: bool = True) -> DemoRes
     cfg = config or DemoConfig()
     torch.manual_seed(cfg.seed)
     train_gen = torch.Generator().manual_seed(cfg.seed)
-    model = Transformer(cfg.model)
+    model = optimize(Transformer(cfg.model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup) * max(0.05, 1 - step / cfg.steps)

@@ -20,38 +20,29 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.batching import length_bucketed_batches
-from scratchformer.generation.decoding import beam_search, greedy_decode
 from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
 from scratchformer.data.tokenization import train_bpe
 from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
 from scratchformer.training.checkpoint import open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
-from scratchformer.core.transformer import Transformer, TransformerConfig
+from scratchformer.fast import optimize
+from scratchformer.generation import beam_search, greedy_decode
+from scratchformer.tasks.common import label_smoothed_loss, pad_ids
+from scratchformer.tools.attention_maps import plot_attention, record_attention
 
 __all__ = [
     "TranslationRecipe",
     "TranslationTask",
     "Translator",
     "bleu_and_chrf",
-    "label_smoothed_loss",
     "load_translator",
     "train_translation",
+    "translation_attention_maps",
 ]
 
 PAD, BOS, EOS = 0, 1, 2  # the ids train_bpe gives <pad>, <s>, </s>
-
-
-def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:
-    """Cross-entropy with label smoothing (paper, 5.4: eps_ls = 0.1), averaged over non-pad tokens.
-
-    logits (B, T, V), target (B, T): the target distribution puts 1 - eps on the gold token and
-    eps spread uniformly over the vocabulary (PyTorch's ``label_smoothing``); padding positions
-    contribute nothing.
-    """
-    return F.cross_entropy(
-        logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=smoothing
-    )
 
 
 def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
@@ -69,13 +60,6 @@ def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
 
 def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in tokenizer.encode_batch(list(texts))]
-
-
-def pad_ids(sequences: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> Tensor:
-    out = torch.full((len(sequences), max(len(s) for s in sequences)), PAD, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out.to(device)
 
 
 class Translator:
@@ -206,7 +190,7 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
     config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
                                   "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
     torch.manual_seed(r.train.seed)
-    model = Transformer(config)
+    model = optimize(Transformer(config))
     task = TranslationTask(tokenizer, train, valid, config, r.max_tokens, r.label_smoothing, r.max_length, r.decoding)
     if r.average_last > r.train.keep_checkpoints:
         r.train.keep_checkpoints = r.average_last
@@ -238,7 +222,7 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
 
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:
     directory, config = open_checkpoint(directory, "translation")
-    model = Transformer(TransformerConfig.from_dict(config["model"]))
+    model = optimize(Transformer(TransformerConfig.from_dict(config["model"])))
     load_weights(model, directory)
     dev = resolve_device(device)
     return Translator(model.to(dev), Tokenizer.from_file(str(directory / "tokenizer.json")), config["decoding"], dev)
@@ -254,3 +238,33 @@ def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:
             batch = []
     if batch:
         yield batch
+
+
+def translation_attention_maps(
+    translator: Translator, text: str, out_dir: str | Path, beam_size: int = 5
+) -> tuple[str, list[Path]]:
+    """Translate ``text``, then draw every attention module's weights for that sentence pair:
+    encoder self-attention (source x source), decoder self-attention (target x target prefix) and
+    cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    translation = translator.translate([text], beam_size=beam_size)[0]
+    src_ids = translator.encode_sources([text])[0]
+    tgt_ids = translator.tokenizer.encode(translation).ids
+
+    def label(i: int) -> str:  # byte-level pieces, decoded one by one; "▁" marks a word start
+        return translator.tokenizer.decode([i], skip_special_tokens=False).replace(" ", "▁") or "<eos>"
+
+    source = [label(i) for i in src_ids[:-1]] + ["</s>"]
+    predicted = [label(i) for i in tgt_ids] + ["</s>"]
+    prefix = ["<s>"] + [label(i) for i in tgt_ids]
+    with torch.no_grad(), record_attention(translator.model) as recorded:
+        translator.model(pad_ids([src_ids]), pad_ids([[BOS] + tgt_ids]))
+    written = []
+    for name, calls in recorded.items():  # e.g. "decoder.layers.2.cross_attn"
+        stack, _, layer, kind = name.split(".")
+        rows, cols = (source, source) if stack == "encoder" else (predicted, source if kind == "cross_attn" else prefix)
+        path = out / f"{stack}-layer{layer}-{kind}.png"
+        plot_attention(calls[0][0], rows, cols, path, f"{name}  (rows: {'queries' if stack == 'encoder' else 'predicted'})")
+        written.append(path)
+    return translation, written

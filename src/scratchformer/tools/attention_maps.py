@@ -1,4 +1,5 @@
 """Look at attention: record the probabilities every MultiHeadAttention computes, and draw them.
+Imports core/ only.
 
     with record_attention(model) as recorded:
         model(src, tgt)
@@ -10,34 +11,50 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from scratchformer.tasks.translation import Translator
-
 from scratchformer.core.attention import MultiHeadAttention
 
-__all__ = ["plot_attention", "record_attention", "translation_attention_maps"]
+__all__ = ["plot_attention", "record_attention"]
 
 
 @contextmanager
 def record_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
-    """Within the block, every attention module of ``model`` keeps its (B, H, T, S) weights
-    (computed with the explicit kernel). Yields {module name: [weights of each call]}."""
-    modules = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    recorded: dict[str, list[Tensor]] = {}
-    for name, m in modules.items():
-        m.record_weights, m.recorded = True, []
-        recorded[name] = m.recorded
+    """Within the block, every attention module of ``model`` also returns and keeps its (B, H, T, S)
+    weights (the explicit kernel computes them). Yields {module name: [weights of each call]}.
+
+    Forward hooks do it from outside: a pre-hook asks each module for ``need_weights=True``, a hook
+    keeps them (and hands the caller None where it had not asked). Nothing inside the module changes.
+    """
+    recorders = {name: _Recorder() for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    modules = dict(model.named_modules())
+    handles = [hook for name, rec in recorders.items() for hook in (
+        modules[name].register_forward_pre_hook(rec.before, with_kwargs=True), modules[name].register_forward_hook(rec.after))]
     try:
-        yield recorded
+        yield {name: rec.calls for name, rec in recorders.items()}
     finally:
-        for m in modules.values():
-            m.record_weights = False
-            m.recorded = []
+        for handle in handles:
+            handle.remove()
+
+
+class _Recorder:
+    """The two hooks of one attention module, and the weights of each of its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[Tensor] = []
+        self._asked: list[bool] = []  # whether each call's caller wanted the weights itself
+
+    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        self._asked.append(bool(kwargs.get("need_weights", False)))
+        return args, {**kwargs, "need_weights": True}
+
+    def after(self, module: nn.Module, args: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+        out, weights = output
+        self.calls.append(weights.detach())
+        return out, weights if self._asked.pop() else None
 
 
 def plot_attention(weights: Tensor, queries: Sequence[str], keys: Sequence[str], path: str | Path, title: str) -> None:
@@ -65,35 +82,3 @@ def plot_attention(weights: Tensor, queries: Sequence[str], keys: Sequence[str],
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def translation_attention_maps(
-    translator: Translator, text: str, out_dir: str | Path, beam_size: int = 5
-) -> tuple[str, list[Path]]:
-    """Translate ``text``, then draw every attention module's weights for that sentence pair:
-    encoder self-attention (source x source), decoder self-attention (target x target prefix) and
-    cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
-    from scratchformer.tasks.translation import BOS, pad_ids
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    translation = translator.translate([text], beam_size=beam_size)[0]
-    src_ids = translator.encode_sources([text])[0]
-    tgt_ids = translator.tokenizer.encode(translation).ids
-
-    def label(i: int) -> str:  # byte-level pieces, decoded one by one; "▁" marks a word start
-        return translator.tokenizer.decode([i], skip_special_tokens=False).replace(" ", "▁") or "<eos>"
-
-    source = [label(i) for i in src_ids[:-1]] + ["</s>"]
-    predicted = [label(i) for i in tgt_ids] + ["</s>"]
-    prefix = ["<s>"] + [label(i) for i in tgt_ids]
-    with torch.no_grad(), record_attention(translator.model) as recorded:
-        translator.model(pad_ids([src_ids]), pad_ids([[BOS] + tgt_ids]))
-    written = []
-    for name, calls in recorded.items():  # e.g. "decoder.layers.2.cross_attn"
-        stack, _, layer, kind = name.split(".")
-        rows, cols = (source, source) if stack == "encoder" else (predicted, source if kind == "cross_attn" else prefix)
-        path = out / f"{stack}-layer{layer}-{kind}.png"
-        plot_attention(calls[0][0], rows, cols, path, f"{name}  (rows: {'queries' if stack == 'encoder' else 'predicted'})")
-        written.append(path)
-    return translation, written

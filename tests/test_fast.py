@@ -1,8 +1,12 @@
-"""The speed paths give the same values as the plain ones: skip_padding (packed real tokens) as
-the plain path and as torch.nn's nested-tensor fast path (which also skips padding); the stacked
-Q/K/V projection of inference; the KV cache's growable buffer as torch.cat."""
+"""The speed paths (scratchformer.fast, switched on by ``optimize``) give the values of core/:
+skip_padding (packed real tokens) as the plain path and as torch.nn's nested-tensor fast path
+(which also skips padding); FastLayerNorm's hand-written backward and FastFeedForward's in-place
+ReLU as the core modules, forward and backward; a whole optimized Transformer as the core one;
+the KV cache's growable buffer (generation/) as torch.cat."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ from helpers import TOL, backward_with, copy_into_reference, encoder_layer_pairi
 from torch import nn
 
 import scratchformer as sf
-from scratchformer.fast.packing import Packing
+from scratchformer.fast import FastEncoder, FastFeedForward, FastLayerNorm, Packing, optimize
 
 D, H, FF, N = 32, 4, 64, 2
 
@@ -22,6 +26,13 @@ def _encoder(norm_first: bool, activation: str = "relu") -> sf.Encoder:
     encoder = sf.Encoder(layers, sf.LayerNorm(D) if norm_first else None).eval()
     randomize_norms(encoder)
     return encoder
+
+
+def _skipping(encoder: sf.Encoder) -> sf.Encoder:
+    """An optimized copy that skips padding (same weights)."""
+    fast = optimize(copy.deepcopy(encoder), skip_padding=True)
+    assert isinstance(fast, FastEncoder) and fast.skip_padding
+    return fast
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,7 +58,7 @@ def test_skip_padding_equals_torch_fast_path(norm_first: bool) -> None:
         copy_into_reference([([ours.norm.weight], ref.norm.weight), ([ours.norm.bias], ref.norm.bias)])
     x, mask = _batch()
     with torch.inference_mode():
-        packed = ours(x, mask, skip_padding=True)
+        packed = _skipping(ours)(x, mask)
         plain = ours(x, mask)
         expected = ref(x, src_key_padding_mask=~mask)
     assert packed.shape == x.shape
@@ -60,14 +71,13 @@ def test_skip_padding_equals_torch_fast_path(norm_first: bool) -> None:
 
 
 def test_skip_padding_gradients_hidden_states_and_attn_mask() -> None:
-    ours = _encoder(norm_first=False, activation="gelu").train()  # dropout 0: deterministic
+    plain = _encoder(norm_first=False, activation="gelu").train()  # dropout 0: deterministic
     x, mask = _batch()
     attn_mask = torch.rand(9, 9, generator=torch.Generator().manual_seed(2)) > 0.3
     results = []
-    for skip in (False, True):
-        ours.zero_grad()
+    for ours in (plain, _skipping(plain)):
         xi = x.clone().requires_grad_(True)
-        out, hidden = ours(xi, mask, attn_mask=attn_mask, output_hidden_states=True, skip_padding=skip)
+        out, hidden = ours(xi, mask, attn_mask=attn_mask, output_hidden_states=True)
         backward_with(out * mask[..., None])  # a loss on the real positions only
         results.append((out, hidden, xi.grad, [p.grad.clone() for p in ours.parameters()]))
     (out0, hid0, gx0, gp0), (out1, hid1, gx1, gp1) = results
@@ -83,7 +93,7 @@ def test_skip_padding_fully_padded_row_and_contextual_encoder() -> None:
     model = sf.ContextualEncoder(cfg).eval()
     tokens = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [0, 0, 0, 0]])
     with torch.no_grad():
-        plain, packed = model(tokens), model(tokens, skip_padding=True)
+        plain, packed = model(tokens), optimize(copy.deepcopy(model), skip_padding=True)(tokens)
     real = tokens != 0
     assert torch.isfinite(packed).all() and torch.all(packed[~real] == 0)
     assert max_diff(plain[real], packed[real]) <= TOL
@@ -104,23 +114,48 @@ def test_packing_round_trip_and_errors() -> None:
         Packing.from_mask(mask.long())
 
 
-def test_stacked_qkv_inference_matches_autograd_path_and_follows_weight_updates() -> None:
-    """Inference projects Q, K, V with one stacked matrix cached between calls; the cache must
-    notice an optimizer step (an in-place update) and loading new weights."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_layer_norm_and_feed_forward_equal_core_forward_and_backward(dtype: torch.dtype) -> None:
+    """The hand-written LayerNorm backward against autograd through the core formula, and the
+    in-place ReLU against the plain one: same outputs, same gradients for input and parameters."""
     torch.manual_seed(0)
-    mha = sf.MultiHeadAttention(D, H).eval()
-    x = torch.randn(2, 5, D)
-    for _ in range(2):
-        with torch.no_grad():
-            fast, _ = mha(x)
-        slow, _ = mha(x)  # autograd on: three separate projections
-        assert max_diff(fast, slow) <= TOL
-        with torch.no_grad():
-            mha.k_proj.weight.mul_(1.5)  # in place, as an optimizer step
-    other = sf.MultiHeadAttention(D, H)
-    mha.load_state_dict(other.state_dict())
-    with torch.no_grad():
-        assert max_diff(mha(x)[0], other(x)[0]) <= TOL
+    tol = TOL if dtype == torch.float32 else 2e-2
+    for core in (sf.LayerNorm(D), sf.PositionwiseFeedForward(D, FF, dropout=0.0)):
+        randomize_norms(core)
+        fast = optimize(copy.deepcopy(core))
+        assert type(fast) in (FastLayerNorm, FastFeedForward)
+        x = torch.randn(3, 5, D)
+        results = []
+        for module in (core, fast):
+            xi = x.clone().to(dtype).requires_grad_(True)
+            out = module.to(dtype)(xi)
+            backward_with(out.float())
+            results.append((out.float(), xi.grad.float(), [p.grad.float() for p in module.parameters()]))
+        (out0, gx0, gp0), (out1, gx1, gp1) = results
+        assert out1.dtype == torch.float32 and max_diff(out0, out1) <= tol
+        assert max_diff(gx0, gx1) <= tol and max(max_diff(a, b) for a, b in zip(gp0, gp1)) <= tol * 10
+
+
+def test_optimized_transformer_equals_core_and_keeps_its_parameters() -> None:
+    cfg = sf.TransformerConfig(30, 30, d_model=D, num_heads=H, d_ff=FF, num_encoder_layers=N, num_decoder_layers=N,
+                               dropout=0.0, norm_first=True)
+    torch.manual_seed(0)
+    core = sf.Transformer(cfg)
+    fast = copy.deepcopy(core)
+    params = {name: p for name, p in fast.named_parameters()}
+    assert optimize(fast) is fast
+    assert {name: p for name, p in fast.named_parameters()} == params  # same tensors, not copies
+    assert fast.state_dict().keys() == core.state_dict().keys()
+    assert isinstance(fast.encoder, FastEncoder) and isinstance(fast.decoder.norm, FastLayerNorm)
+    src = torch.tensor([[5, 6, 7, 0], [8, 9, 10, 11]])
+    tgt = torch.tensor([[1, 12, 13], [1, 14, 0]])
+    outs = []
+    for model in (core, fast):
+        out = model(src, tgt)
+        backward_with(out)
+        outs.append((out, [p.grad for p in model.parameters()]))
+    assert max_diff(outs[0][0], outs[1][0]) <= TOL
+    assert max(max_diff(a, b) for a, b in zip(outs[0][1], outs[1][1])) <= TOL
 
 
 def test_kv_cache_buffer_equals_concatenation_and_survives_reorder() -> None:
@@ -152,8 +187,9 @@ def test_all_real_padding_mask_runs_unmasked_and_bad_masks_still_fail() -> None:
     ours = _encoder(norm_first=False)
     x, _ = _batch()
     full = torch.ones(4, 9, dtype=torch.bool)
+    fast = optimize(copy.deepcopy(ours))
     with torch.no_grad():
-        assert max_diff(ours(x, full), ours(x)) <= TOL
-        assert max_diff(ours(x, full, skip_padding=True), ours(x)) <= TOL
+        assert max_diff(fast(x, full), ours(x)) <= TOL
+        assert max_diff(_skipping(ours)(x, full), ours(x)) <= TOL
     with pytest.raises(ValueError, match="key_padding_mask"):
-        ours(x, torch.ones(4, 10, dtype=torch.bool))
+        fast(x, torch.ones(4, 10, dtype=torch.bool))

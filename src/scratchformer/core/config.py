@@ -1,0 +1,112 @@
+"""One base for the model configurations, and the one builder of what every model is made of:
+stacks of layers, positions and the (tied) output projection. ``TransformerConfig``,
+``EncoderConfig`` and ``CaptioningConfig`` add their own fields to :class:`ModelConfig`'s; a shared
+field is declared once, so no model can drift from the others."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, ClassVar, TypeVar
+
+from torch import nn
+
+from scratchformer.core.decoder import Decoder, DecoderLayer
+from scratchformer.core.embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from scratchformer.core.encoder import Encoder, EncoderLayer
+from scratchformer.core.layer_norm import LayerNorm
+
+__all__ = ["ModelConfig"]
+
+C = TypeVar("C", bound="ModelConfig")
+
+
+@dataclass
+class ModelConfig:
+    """The shared fields (keyword-only); the defaults are the paper's base model. d_model: D;
+    num_heads: H; d_ff: feed-forward width; dropout: P_drop, everywhere; attention_dropout: on the
+    attention probabilities (None = dropout); activation: "relu" (paper) or "gelu" (BERT);
+    norm_first: False = post-LN (paper), True = pre-LN; final_norm: a LayerNorm after each stack
+    (None = if norm_first and the stack has layers); layer_norm_eps; bias: in the linear maps;
+    max_len: longest sequence accepted; positional: "sinusoidal" (paper) or "learned"; pad_id:
+    the padding id (None: no padding)."""
+
+    VOCABS: ClassVar[tuple[str, ...]] = ()  # vocabulary sizes of the subclass (pad_id must fit them)
+    SIZES: ClassVar[tuple[str, ...]] = ()  # its other sizes that must be positive
+    DEPTHS: ClassVar[tuple[str, ...]] = ()  # its layer counts (>= 0)
+
+    _: KW_ONLY
+    d_model: int = 512
+    num_heads: int = 8
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float | None = None
+    activation: str = "relu"
+    norm_first: bool = False
+    final_norm: bool | None = None
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+    max_len: int = 1024
+    positional: str = "sinusoidal"
+    pad_id: int | None = 0
+
+    def __post_init__(self) -> None:
+        for name in (*self.VOCABS, "d_model", "num_heads", "d_ff", "max_len", *self.SIZES, *self.DEPTHS):
+            value, least = getattr(self, name), 0 if name in self.DEPTHS else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be {'>= 0' if least == 0 else 'positive'} (an integer), got {value!r}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)")
+        for name, choices in (("positional", ("sinusoidal", "learned")), ("activation", ("relu", "gelu"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}: expected one of {choices}, got {getattr(self, name)!r}")
+        for name in ("dropout", "attention_dropout"):
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        vocab = min(getattr(self, name) for name in self.VOCABS) if self.VOCABS else None
+        if self.pad_id is not None and vocab is not None and not 0 <= self.pad_id < vocab:
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary [0, {vocab})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        """From ``to_dict``'s output (a checkpoint's config.json); an unknown field is an error."""
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {unknown}")
+        return cls(**data)
+
+    def build_positions(self) -> nn.Module:
+        """Sinusoidal positions (section 3.5) or a learned table."""
+        if self.positional == "learned":
+            return LearnedPositionalEmbedding(self.max_len, self.d_model)
+        return SinusoidalPositionalEncoding(self.d_model, self.max_len)
+
+    def _final_norm(self, num_layers: int) -> LayerNorm | None:
+        wanted = self.norm_first and num_layers > 0 if self.final_norm is None else self.final_norm
+        return LayerNorm(self.d_model, self.layer_norm_eps) if wanted else None
+
+    def _layer_args(self) -> tuple[Any, ...]:
+        return (self.d_model, self.num_heads, self.d_ff, self.dropout, self.activation, self.norm_first,
+                self.layer_norm_eps, self.bias, self.attention_dropout)
+
+    def build_encoder(self, num_layers: int) -> Encoder:
+        """N encoder layers and, if wanted, the final LayerNorm."""
+        return Encoder([EncoderLayer(*self._layer_args()) for _ in range(num_layers)], self._final_norm(num_layers))
+
+    def build_decoder(self, num_layers: int) -> Decoder:
+        """N decoder layers and, if wanted, the final LayerNorm."""
+        return Decoder([DecoderLayer(*self._layer_args()) for _ in range(num_layers)], self._final_norm(num_layers))
+
+    def build_output(self, vocab_size: int, tied_to: TokenEmbedding | None = None) -> nn.Linear:
+        """The pre-softmax projection D -> V; ``tied_to``: share that embedding's matrix (section 3.4)."""
+        generator = nn.Linear(self.d_model, vocab_size, bias=tied_to is None)
+        if tied_to is not None:
+            generator.weight = tied_to.weight
+        else:
+            nn.init.xavier_uniform_(generator.weight)
+        return generator

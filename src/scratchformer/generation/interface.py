@@ -1,0 +1,63 @@
+"""What decoding needs of a model: the :class:`EncoderDecoder` interface of the
+:class:`~scratchformer.Transformer` and the :class:`~scratchformer.CaptioningTransformer`.
+
+Greedy and beam search feed one new token per step and reuse a :class:`~scratchformer.DecoderCache`:
+each step costs one position, not the whole prefix again, and the encoder's keys/values for
+cross-attention are computed once. ``use_cache=False`` (greedy) recomputes the prefix, for tests
+and benchmarks only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from scratchformer.core.decoder import Decoder
+from scratchformer.generation.cache import DecoderCache
+
+__all__ = ["EncoderDecoder", "max_decode_length", "start_decoding"]
+
+
+class EncoderDecoder(Protocol):
+    """What decoding needs: ``config`` with ``pad_id``, ``tgt_vocab_size`` and ``max_len``; the
+    source encoded once; the decoder fed new tokens with a cache."""
+
+    config: Any
+    decoder: Decoder
+    training: bool
+
+    def source_padding_mask(self, src: Tensor) -> Tensor | None: ...
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor: ...
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None, *,
+               cache: DecoderCache | None = None) -> Tensor: ...
+
+
+def max_decode_length(model: EncoderDecoder, src_len: int, max_len_a: float, max_len_b: int) -> int:
+    """New tokens allowed for a source of ``src_len``: a * S + b (fairseq), within the model's max_len."""
+    return max(1, min(int(max_len_a * src_len + max_len_b), model.config.max_len - 1))
+
+
+def start_decoding(
+    model: EncoderDecoder, src: Tensor, bos_id: int, eos_id: int, src_padding_mask: Tensor | None
+) -> tuple[Tensor, Tensor | None, Tensor, DecoderCache]:
+    """Check the ids, encode the source once: (memory, source mask, ids never to generate, an empty cache)."""
+    if eos_id == model.config.pad_id:
+        raise ValueError(f"eos_id={eos_id} equals the model's pad_id: padding is never generated, so EOS could not be")
+    for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if not 0 <= token < model.config.tgt_vocab_size:
+            raise ValueError(f"{name}={token} is outside the target vocabulary [0, {model.config.tgt_vocab_size})")
+    if model.training:
+        warnings.warn("decoding: the model is in training mode (dropout on); call model.eval() first", stacklevel=3)
+    if src_padding_mask is None:
+        src_padding_mask = model.source_padding_mask(src)
+    memory = model.encode(src, src_padding_mask)
+    # Never generate padding or a second BOS (fairseq does the same).
+    never = torch.tensor([bos_id] + ([model.config.pad_id] if model.config.pad_id is not None else []), device=src.device)
+    return memory, src_padding_mask, never, DecoderCache(len(model.decoder.layers))
+
+
