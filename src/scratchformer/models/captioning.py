@@ -8,7 +8,7 @@ word by word, attending to it:
     logits = Generator(Decoder(Embed(caption), memory))
 
 It has the encoder-decoder interface of :class:`~scratchformer.Transformer` (``encode``,
-``decode`` with a key/value cache, ``decoder.new_cache()``), so :func:`~scratchformer.greedy_decode`
+``decode`` with a key/value cache), so :func:`~scratchformer.greedy_decode`
 and :func:`~scratchformer.beam_search` caption images unchanged.
 """
 

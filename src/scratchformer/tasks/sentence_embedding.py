@@ -42,7 +42,8 @@ def _sentence_settings(directory: Path, encoder: ContextualEncoder) -> tuple[int
 
 class SentenceEncoder:
     """Sentence embeddings: our encoder, then mean pooling over real tokens, then L2 normalisation
-    (what sentence-transformers computes for all-MiniLM-L6-v2).
+    (what sentence-transformers computes for all-MiniLM-L6-v2). The encoder is switched to the
+    fast paths in place (``optimize(encoder, skip_padding=True)``): pooling reads real tokens only.
 
     Example:
         >>> model = SentenceEncoder.from_pretrained("path/to/all-MiniLM-L6-v2")
@@ -58,7 +59,6 @@ class SentenceEncoder:
         normalize: bool = True,
         device: torch.device | str = "cpu",
     ):
-        # pooling reads real tokens only, so the padded positions need not be computed
         self.encoder = optimize(encoder.to(device).eval(), skip_padding=True)
         self.tokenizer = tokenizer
         self.pooling = pooling
