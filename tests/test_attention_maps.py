@@ -44,3 +44,14 @@ def test_unasked_callers_get_none_while_recording() -> None:
         out, weights = mha(x)
     assert weights is None and len(recorded["0"]) == 1
     assert torch.allclose(out, mha(x)[0])
+
+
+def test_recording_works_on_an_encoder_that_skips_padding() -> None:
+    """The packed path never calls the attention modules; with hooks on them it runs the readable path."""
+    encoder = sf.optimize(sf.ContextualEncoder(sf.EncoderConfig(30, d_model=16, num_heads=2, d_ff=32, num_layers=2)),
+                          skip_padding=True).eval()
+    tokens = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0]])
+    with torch.no_grad(), record_attention(encoder) as recorded:
+        encoder(tokens)
+    assert [len(calls) for calls in recorded.values()] == [1, 1]
+    assert torch.all(recorded["encoder.layers.0.self_attn"][0][1, :, :, 1:] == 0)  # padding gets no attention

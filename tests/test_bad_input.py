@@ -158,3 +158,19 @@ def test_cache_misuse_is_an_error() -> None:
         mha(torch.randn(3, 1, 16), cache=cache, static_kv=True)
     with pytest.raises(ValueError, match="cross-attention .* needs the memory"):
         mha(torch.randn(3, 1, 16), cache=sf.KVCache(), static_kv=True)
+
+
+def test_stacks_check_their_input_before_the_masks() -> None:
+    torch.manual_seed(0)
+    cfg = sf.TransformerConfig(20, 20, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
+    model = sf.Transformer(cfg).eval()
+    with pytest.raises(TypeError, match=r"x: expected a torch.Tensor \(B, S, D\), got list"):
+        model.encoder([[1.0]])
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, T, D\) \(3 dims\), got \(5, 16\)"):
+        model.decoder(torch.randn(5, 16), torch.randn(5, 3, 16), tgt_key_padding_mask=torch.ones(5, 16, dtype=torch.bool))
+    memory = model.encode(torch.tensor([[5, 6, 7]]))
+    with pytest.raises(ValueError, match=r"src_padding_mask: expected shape \(B, S\)=\(1, 3\), got \(1, 4\)"):
+        model.decode(torch.tensor([[1]]), memory, src_padding_mask=torch.ones(1, 4, dtype=torch.bool))
+    skipping = sf.optimize(sf.Encoder([sf.EncoderLayer(16, 2, 32)]), skip_padding=True)
+    with pytest.raises(TypeError, match=r"x: expected a floating-point tensor"):
+        skipping(torch.ones(2, 3, 16, dtype=torch.long), torch.tensor([[True, True, False]] * 2))

@@ -94,3 +94,16 @@ def test_tied_output_head_shares_the_embedding() -> None:
     assert model.generator.weight is model.tgt_embed.weight and model.generator.bias is None
     untied = config.build_output(20)
     assert untied.weight is not model.tgt_embed.weight and untied.bias is not None
+
+
+def test_models_pickle_and_numpy_sizes_are_accepted() -> None:
+    import pickle
+
+    import numpy as np
+
+    config = sf.TransformerConfig(np.int64(20), 20, d_model=np.int64(16), num_heads=2, d_ff=32, num_encoder_layers=1,
+                                  num_decoder_layers=1)
+    for model in (sf.Transformer(config), sf.optimize(sf.Transformer(config))):
+        copy = pickle.loads(pickle.dumps(model))  # torch.save(model), multiprocessing spawn
+        assert type(copy.encoder) is type(model.encoder)
+        assert all(torch.equal(a, b) for a, b in zip(copy.state_dict().values(), model.state_dict().values()))

@@ -94,3 +94,12 @@ def test_fuse_qkv_renames_under_every_prefix_only() -> None:
     assert sorted(state) == ["layers.0.attn.qkv_proj.weight", "layers.0.other.q_proj.weight",
                              "layers.1.attn.qkv_proj.weight"]
     assert state["layers.1.attn.qkv_proj.weight"].shape == (6, 2)
+
+
+def test_fuse_qkv_leaves_what_it_cannot_stack_for_the_error_report() -> None:
+    mismatched = {"a.q_proj.weight": torch.zeros(4, 4), "a.k_proj.weight": torch.zeros(4, 3), "a.v_proj.weight": torch.zeros(4, 4)}
+    fuse_qkv(mismatched)
+    assert sorted(mismatched) == ["a.k_proj.weight", "a.q_proj.weight", "a.v_proj.weight"]
+    both = {"a.qkv_proj.weight": torch.ones(12, 4), **{f"a.{x}_proj.weight": torch.zeros(4, 4) for x in "qkv"}}
+    fuse_qkv(both)  # never overwrites a stacked weight that is already there
+    assert torch.equal(both["a.qkv_proj.weight"], torch.ones(12, 4)) and "a.q_proj.weight" in both

@@ -172,3 +172,15 @@ def test_cosine_and_linear_schedules_end_at_the_floor() -> None:
         assert m(0) == pytest.approx(0.1) and m(9) == 1.0
         assert m(109) == pytest.approx(0.1) and m(500) == pytest.approx(0.1)
         assert all(m(i) >= m(i + 1) for i in range(10, 120))
+
+
+def test_resume_with_an_optimizer_state_of_another_layout_is_a_clear_error(tmp_path: Path) -> None:
+    """E.g. a 0.1 run (W^Q, W^K, W^V as 3 tensors, now 1): its weights load, its optimizer state cannot."""
+    Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=1)).fit()
+    path = tmp_path / "last" / "training_state.pt"
+    state = torch.load(path, weights_only=True)
+    state["optimizer"]["param_groups"][0]["params"].append(99)  # one tensor more than this model has
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"optimizer state holds \[.*\] parameter tensors per group, this model has .* "
+                                          r"cannot resume"):
+        Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=2)).fit(resume=True)

@@ -67,12 +67,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
 
 
 def fuse_qkv(state: dict[str, Tensor], prefix: str = "") -> None:
-    """Rename, in place, separate W^Q, W^K, W^V tensors (``q_proj``, ``k_proj``, ``v_proj``: the
-    names of scratchformer 0.1 checkpoints) under ``prefix`` to the stacked ``qkv_proj``."""
+    """Stack, in place, 0.1 checkpoints' separate ``q_proj``, ``k_proj``, ``v_proj`` into ``qkv_proj``."""
     for name in [n for n in state if n.startswith(prefix) and n.split(".")[-2:-1] == ["q_proj"]]:
         stem, kind = name.rsplit("q_proj.", 1)
         parts = [f"{stem}{x}_proj.{kind}" for x in "qkv"]
-        if all(p in state for p in parts):
+        if all(p in state for p in parts) and f"{stem}qkv_proj.{kind}" not in state \
+                and len({state[p].shape for p in parts}) == 1:  # else left for the caller's error report
             state[f"{stem}qkv_proj.{kind}"] = torch.cat([state.pop(p) for p in parts])
 
 
@@ -88,7 +88,10 @@ class MultiHeadAttention(nn.Module):
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V], all heads
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         self.reset_parameters()
-        self.register_load_state_dict_pre_hook(lambda _module, state, prefix, *_: fuse_qkv(state, prefix))
+
+    def _load_from_state_dict(self, state: dict[str, Tensor], prefix: str, *args: Any) -> None:
+        fuse_qkv(state, prefix)  # checkpoints of 0.1 hold W^Q, W^K, W^V separately
+        super()._load_from_state_dict(state, prefix, *args)
 
     def reset_parameters(self) -> None:
         """Xavier-uniform, W^Q, W^K, W^V with gain 1/sqrt(2) (the std of torch.nn's packed (3D, D)
@@ -96,14 +99,12 @@ class MultiHeadAttention(nn.Module):
         for w in self.qkv_proj.weight.data.chunk(3):
             nn.init.xavier_uniform_(w, gain=2**-0.5)
         nn.init.xavier_uniform_(self.out_proj.weight)
-        for proj in (self.qkv_proj, self.out_proj):
-            if proj.bias is not None:
-                nn.init.zeros_(proj.bias)
+        for bias in (b for b in (self.qkv_proj.bias, self.out_proj.bias) if b is not None):
+            nn.init.zeros_(bias)
 
     def _project(self, x: Tensor, first: int, count: int) -> Tensor:
         """x (B, L, D) times ``count`` blocks of [W^Q; W^K; W^V] from block ``first``: (B, L, count * D)."""
-        rows = slice(first * self.d_model, (first + count) * self.d_model)
-        bias = self.qkv_proj.bias
+        rows, bias = slice(first * self.d_model, (first + count) * self.d_model), self.qkv_proj.bias
         return F.linear(x, self.qkv_proj.weight[rows], None if bias is None else bias[rows])
 
     def _split_heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, d_k)

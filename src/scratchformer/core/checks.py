@@ -14,17 +14,17 @@ __all__ = ["check_attention_inputs", "check_features", "check_kernel_inputs", "c
 _INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def check_features(name: str, x: Tensor, letters: str, width: int, batch: int | None = None,
+def check_features(name: str, x: Tensor, letters: str, width: int | None, batch: int | None = None,
                    dims: int | None = 3) -> None:
-    """``x`` must be a floating tensor of ``dims`` dimensions (None: any) ending in ``width``, e.g.
-    ``letters`` "(B, T, D)", and of batch size ``batch`` if given."""
+    """``x`` must be a floating tensor of ``dims`` dimensions (None: any) ending in ``width`` (None:
+    any), e.g. ``letters`` "(B, T, D)", and of batch size ``batch`` if given."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor {letters}, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor {letters}, got dtype {x.dtype}")
     if dims is not None and x.dim() != dims:
         raise ValueError(f"{name}: expected shape {letters} ({dims} dims), got {tuple(x.shape)} ({x.dim()} dims)")
-    if x.dim() == 0 or x.shape[-1] != width:
+    if x.dim() == 0 or x.shape[-1] != (x.shape[-1] if width is None else width):
         raise ValueError(f"{name}: expected shape {letters} with last dim {width}, got {tuple(x.shape)}")
     if batch is not None and x.shape[0] != batch:
         raise ValueError(f"{name}: expected batch size B={batch} in {letters}, got {tuple(x.shape)}")

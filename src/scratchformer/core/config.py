@@ -6,6 +6,7 @@ field is declared once, so no model can drift from the others."""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -53,7 +54,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in (*self.VOCABS, "d_model", "num_heads", "d_ff", "max_len", *self.SIZES, *self.DEPTHS):
             value, least = getattr(self, name), 0 if name in self.DEPTHS else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
                 raise ValueError(f"{name} must be {'>= 0' if least == 0 else 'positive'} (an integer), got {value!r}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")

@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from scratchformer.core.attention import MultiHeadAttention
+from scratchformer.core.checks import check_features
 from scratchformer.core.feedforward import PositionwiseFeedForward
 from scratchformer.core.layer_norm import LayerNorm
 from scratchformer.core.masks import expand_attention_mask, fold_causal
@@ -81,6 +82,7 @@ class Decoder(nn.Module):
                 memory_key_padding_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, causal: bool = True, cache: Any = None) -> Tensor:
         """x (B, T, D), memory (B, S, D) -> (B, T, D); as ``DecoderLayer``, masks merged once here."""
+        check_features("x", x, "(B, T, D)", None)
         B, T = x.shape[0], x.shape[1]
         heads = self.layers[0].self_attn.num_heads if len(self.layers) else 1
         total = T + (len(cache) if cache is not None else 0)  # self-attention keys, cached ones too

@@ -64,10 +64,10 @@ class Encoder(nn.Module):
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
                 output_hidden_states: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """x (B, S, D) -> (B, S, D); masks as in ``EncoderLayer``, merged and checked once here. With
+        """x (B, S, D) -> (B, S, D); masks as in ``EncoderLayer``, merged once here. With
         ``output_hidden_states`` also the N + 1 hidden states: the input, then every layer's output
         (the last one before the final norm, as Hugging Face does)."""
-        check_features("x", x, "(B, S, D)", x.shape[-1])
+        check_features("x", x, "(B, S, D)", None)
         heads = self.layers[0].self_attn.num_heads if len(self.layers) else 1
         mask = expand_attention_mask(key_padding_mask, attn_mask, x.shape[0], heads, x.shape[1], x.shape[1])
         hidden = [x]

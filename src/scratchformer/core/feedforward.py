@@ -1,8 +1,6 @@
-"""Position-wise feed-forward network (paper, section 3.3).
+"""Position-wise feed-forward network (paper, section 3.3), applied to every position separately:
 
-    FFN(x) = max(0, x W1 + b1) W2 + b2
-
-applied to every position separately: D -> d_ff -> D, ReLU as in the paper or GELU as in BERT.
+    FFN(x) = max(0, x W1 + b1) W2 + b2        (D -> d_ff -> D; ReLU as the paper, or GELU as BERT)
 """
 
 from __future__ import annotations

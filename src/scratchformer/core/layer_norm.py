@@ -1,4 +1,4 @@
-"""Layer normalization (Ba et al., 2016), written out.
+"""Layer normalization (Ba et al., 2016), written out:
 
     y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta
 

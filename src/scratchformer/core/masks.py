@@ -1,8 +1,5 @@
-"""Attention masks.
-
-THE MASK CONVENTION (the only one used anywhere in scratchformer)
------------------------------------------------------------------
-A mask is a ``torch.bool`` tensor and ``True`` means *may attend*.
+"""Attention masks. THE MASK CONVENTION, the only one used anywhere in scratchformer:
+a mask is a ``torch.bool`` tensor and ``True`` means *may attend*.
 
 * ``padding_mask(tokens, pad_id)`` is ``True`` at real tokens and ``False`` at padding.
 * ``causal_mask(T)`` is ``True`` on and below the diagonal: position i may look at 0..i.
@@ -11,7 +8,7 @@ A mask is a ``torch.bool`` tensor and ``True`` means *may attend*.
 Float "additive" masks (0 / -inf) and PyTorch's opposite polarity (True = blocked) are rejected
 with a ``TypeError``, never silently misread. Shapes (T queries, S keys): key-padding ``(B, S)``;
 attention ``(T, S)``, ``(B, T, S)`` or ``(B, H, T, S)``. ``expand_attention_mask`` checks and merges
-them into one ``(B|1, H|1, T|1, S)`` tensor; a stack of layers does this once for all its layers.
+them into one ``(B|1, H|1, T|1, S)`` tensor; a stack does this once, its layers only check the shape.
 """
 
 from __future__ import annotations

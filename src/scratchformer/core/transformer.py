@@ -92,6 +92,8 @@ class Transformer(nn.Module):
             raise ValueError(f"tgt: sequence length {offset + tgt.shape[1]} exceeds the configured maximum "
                              f"max_len={self.config.max_len}")
         check_features("memory", memory, "(B, S, D)", self.config.d_model, batch=tgt.shape[0])
+        if src_padding_mask is not None:
+            check_mask("src_padding_mask", src_padding_mask, [tuple(memory.shape[:2])], ["(B, S)"])
         if tgt_padding_mask is not None:
             check_mask("tgt_padding_mask", tgt_padding_mask, [tuple(tgt.shape)], ["(B, L)"])
             if cache is not None:
@@ -105,6 +107,5 @@ class Transformer(nn.Module):
         """Teacher forcing: src (B, S), tgt (B, T) token ids -> (B, T, V_tgt) logits; masks as in
         :meth:`encode` and :meth:`decode`. The decoder's self-attention is always causal."""
         memory = self.encode(src, src_padding_mask)
-        if src_padding_mask is None:
-            src_padding_mask = self.source_padding_mask(src)
+        src_padding_mask = self.source_padding_mask(src) if src_padding_mask is None else src_padding_mask
         return self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from scratchformer.core.attention import MultiHeadAttention, scaled_dot_product_attention
+from scratchformer.core.checks import check_features
 from scratchformer.core.encoder import Encoder, EncoderLayer
 from scratchformer.core.masks import expand_attention_mask
 from scratchformer.fast.packing import Packing
@@ -24,7 +25,8 @@ __all__ = ["FastEncoder"]
 
 class FastEncoder(Encoder):
     """:class:`Encoder` (same parameters) with the padding shortcuts; ``skip_padding`` is set by
-    :func:`scratchformer.fast.optimize`."""
+    :func:`scratchformer.fast.optimize`. With hooks on its attention modules (attention maps) it
+    runs the readable path, which calls them."""
 
     skip_padding: bool = False
 
@@ -33,8 +35,9 @@ class FastEncoder(Encoder):
         """As :meth:`Encoder.forward`; with ``skip_padding`` the output is zero at padded positions."""
         if _all_real(key_padding_mask, x):
             key_padding_mask = None  # no padding at all: attention may run its unmasked kernel
-        if not self.skip_padding or key_padding_mask is None:
+        if not self.skip_padding or key_padding_mask is None or _watched(self):
             return super().forward(x, key_padding_mask, attn_mask, output_hidden_states)
+        check_features("x", x, "(B, S, D)", None)
         packing = Packing.from_mask(key_padding_mask)
         heads = self.layers[0].self_attn.num_heads if len(self.layers) else 1
         mask = expand_attention_mask(key_padding_mask, attn_mask, x.shape[0], heads, x.shape[1], x.shape[1])
@@ -45,6 +48,11 @@ class FastEncoder(Encoder):
                 hidden.append(packing.unpack(h))
         out = packing.unpack(h if self.norm is None else self.norm(h))
         return (out, hidden) if output_hidden_states else out
+
+
+def _watched(encoder: Encoder) -> bool:
+    """Whether hooks watch an attention module (attention maps): the packed path would not call it."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in encoder.modules() if isinstance(m, MultiHeadAttention))
 
 
 def _all_real(key_padding_mask: Tensor | None, x: Tensor) -> bool:

@@ -317,6 +317,11 @@ class Trainer:
 
         step, epoch, next_group, best = 0, 0, 0, None
         if state is not None:
+            saved = [len(g["params"]) for g in state["optimizer"]["param_groups"]]
+            if saved != [len(g["params"]) for g in optimizer.param_groups]:
+                raise ValueError(f"{self.out_dir / 'last'}: its optimizer state holds {saved} parameter tensors per group, "
+                                 f"this model has {[len(g['params']) for g in optimizer.param_groups]} (saved by another "
+                                 "model or release); its weights load, but the run cannot resume")
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             scaler.load_state_dict(state["scaler"])
