@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 __all__ = ["main"]
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -60,20 +77,22 @@ def _similarity(args: argparse.Namespace) -> int:
 
 
 _TRAIN_FLAGS = {"out": "out_dir", "epochs": "epochs", "max_steps": "max_steps", "precision": "precision",
-                "device": "device", "threads": "threads", "seed": "seed"}
+                "device": "device", "threads": "threads", "seed": "seed", "overwrite": "overwrite"}
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
     """The options every ``train`` command shares; they override the recipe's ``train`` section."""
     parser.add_argument("--data-dir", help="what {data} means in recipe paths (default $SCRATCHFORMER_DATA or ../shared/data)")
     parser.add_argument("--out", help="output directory (checkpoints, metrics.jsonl, curves.png, report.json)")
-    parser.add_argument("--epochs", type=int)
-    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--epochs", type=_positive)
+    parser.add_argument("--max-steps", type=_positive)
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device")
-    parser.add_argument("--threads", type=int)
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--threads", type=_non_negative)
+    parser.add_argument("--seed", type=_non_negative)
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last")
+    parser.add_argument("--overwrite", action="store_true", default=None,
+                        help="replace an earlier run in OUT (default: refuse to train over it)")
 
 
 def _train_overrides(args: argparse.Namespace) -> dict:
@@ -302,13 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="scratchformer",
         description="The Transformer of 'Attention Is All You Need', from scratch in PyTorch.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (anywhere on the line; or SCRATCHFORMER_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a tiny encoder-decoder on a synthetic task (offline, < 1 min)")
     demo.add_argument("--task", choices=["reverse", "sort"], default="reverse")
-    demo.add_argument("--steps", type=int, default=700, help="training steps (default 700)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    demo.add_argument("--steps", type=_positive, default=700, help="training steps (default 700)")
+    demo.add_argument("--seed", type=_non_negative, default=0)
+    demo.add_argument("--threads", type=_non_negative, default=0, help="torch CPU threads (default: torch's choice)")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
 
@@ -316,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_argument(embed)
     embed.add_argument("texts", nargs="*", help="texts to embed (default: one per line on stdin)")
     embed.add_argument("--json", action="store_true", help='print [{"text": ..., "embedding": [...]}, ...]')
-    embed.add_argument("--batch-size", type=int, default=32)
+    embed.add_argument("--batch-size", type=_positive, default=32)
     embed.set_defaults(func=_embed)
 
     similarity = sub.add_parser("similarity", help="cosine similarity of two texts' sentence embeddings")
@@ -346,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     caption = sub.add_parser("caption", help="caption image files with a captioning checkpoint")
     caption.add_argument("--checkpoint", required=True)
     caption.add_argument("images", nargs="+", help="image files (PNG, JPEG)")
-    caption.add_argument("--beam", type=int, default=None, help="beam size (default: the recipe's; 1 = greedy)")
+    caption.add_argument("--beam", type=_positive, default=None, help="beam size (default: the recipe's; 1 = greedy)")
     caption.add_argument("--resize", action="store_true", help="resize images to the model's size (default: error)")
     caption.add_argument("--attention-png", help="write each word's cross-attention over the image here "
                          "(several images: NAME-0.png, NAME-1.png, ...)")
@@ -355,15 +376,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     shapes = sub.add_parser("shapes", help="write rendered shape scenes as PNGs with a captions TSV")
     shapes.add_argument("--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout")
-    shapes.add_argument("--count", type=int, default=8)
-    shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--count", type=_positive, default=8)
+    shapes.add_argument("--seed", type=_non_negative, default=0)
     shapes.add_argument("--out", default="shapes")
     shapes.set_defaults(func=_shapes)
 
     translate = sub.add_parser("translate", help="translate stdin to stdout, one sentence per line (streaming)")
     translate.add_argument("--checkpoint", required=True)
-    translate.add_argument("--beam", type=int, default=None, help="beam size (default: the recipe's; 1 = greedy)")
-    translate.add_argument("--batch-size", type=int, default=32)
+    translate.add_argument("--beam", type=_positive, default=None, help="beam size (default: the recipe's; 1 = greedy)")
+    translate.add_argument("--batch-size", type=_positive, default=32)
     translate.add_argument("--device", default="auto")
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
     translate.set_defaults(func=_translate)
@@ -372,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--checkpoint", required=True)
     attention.add_argument("text")
     attention.add_argument("--out", default="attention", help="output directory for the PNGs")
-    attention.add_argument("--beam", type=int, default=5)
+    attention.add_argument("--beam", type=_positive, default=5)
     attention.set_defaults(func=_attention)
 
     evaluate = sub.add_parser("evaluate", help="score a checkpoint: a classifier (accuracy, F1), a translator (BLEU, chrF) "
@@ -383,11 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reference", help="translation: reference translations, one per line")
     evaluate.add_argument("--captions", help="captioning: captions TSV (image_id<TAB>caption)")
     evaluate.add_argument("--images", help="captioning: the folder of images or feature files")
-    evaluate.add_argument("--beam", type=int, default=None, help="translation/captioning: beam size (default: the recipe's)")
+    evaluate.add_argument("--beam", type=_positive, default=None, help="translation/captioning: beam size (default: the recipe's)")
     evaluate.add_argument("--output", help="translation/captioning: write the hypotheses here")
     evaluate.add_argument("--text-field", default="text")
     evaluate.add_argument("--label-field", default="label")
-    evaluate.add_argument("--batch-size", type=int, default=64)
+    evaluate.add_argument("--batch-size", type=_positive, default=64)
     evaluate.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     evaluate.add_argument("--device", default="auto")
     evaluate.add_argument("--json", action="store_true")
@@ -396,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     classify = sub.add_parser("classify", help="label texts with a classifier checkpoint")
     classify.add_argument("--checkpoint", required=True)
     classify.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
-    classify.add_argument("--batch-size", type=int, default=64)
+    classify.add_argument("--batch-size", type=_positive, default=64)
     classify.add_argument("--device", default="auto")
     classify.set_defaults(func=_classify)
     return parser
@@ -404,9 +425,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. ``torchrun --nproc-per-node N -m scratchformer train ...`` runs a
-    ``train`` command in N processes (the trainer joins them; see README, "torchrun")."""
-    args = build_parser().parse_args(argv)
-    code = args.func(args)
+    ``train`` command in N processes (the trainer joins them; see README, "torchrun").
+
+    An error is one line on stderr naming the problem, exit code 2; ``--debug`` (or
+    SCRATCHFORMER_DEBUG=1) shows the traceback instead.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    args.debug = "--debug" in argv
+    try:
+        code = args.func(args)
+    except Exception as e:  # noqa: BLE001 - every error becomes one line (the traceback behind --debug)
+        if args.debug or os.environ.get("SCRATCHFORMER_DEBUG"):
+            raise
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {message}" + ("" if isinstance(e, (ValueError, TypeError, OSError)) else f" ({type(e).__name__}; "
+              "--debug for the traceback)"), file=sys.stderr)
+        return 2
     if args.command == "train":
         from scratchformer.training import distributed
 

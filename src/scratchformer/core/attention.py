@@ -82,9 +82,10 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         if num_heads <= 0 or d_model % num_heads != 0:
-            raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads} (d_k = D / H)")
-        self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
-        self.scale, self.dropout = self.d_k**-0.5, dropout  # 1 / sqrt(d_k); dropout on the probabilities
+            raise ValueError(f"num_heads must be positive, got {num_heads}" if num_heads <= 0 else
+                             f"d_model={d_model} must be divisible by num_heads={num_heads} (d_k = D / H)")
+        self.d_model, self.num_heads, self.d_k, self.dropout = d_model, num_heads, d_model // num_heads, dropout
+        self.scale = self.d_k**-0.5  # 1 / sqrt(d_k)
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V], all heads
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         self.reset_parameters()

@@ -11,7 +11,7 @@ from torch import Tensor
 
 __all__ = ["check_attention_inputs", "check_features", "check_kernel_inputs", "check_mask", "check_tokens"]
 
-_INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_INTEGER_DTYPES = (torch.int64, torch.int32)  # what an embedding lookup takes
 
 
 def check_features(name: str, x: Tensor, letters: str, width: int | None, batch: int | None = None,
@@ -35,7 +35,7 @@ def check_tokens(name: str, tokens: Tensor, vocab_size: int, max_len: int | None
     if not isinstance(tokens, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor of token ids (B, L), got {type(tokens).__name__}")
     if tokens.dtype not in _INTEGER_DTYPES:
-        raise TypeError(f"{name}: expected integer token ids (torch.long), got dtype {tokens.dtype}")
+        raise TypeError(f"{name}: expected integer token ids (torch.long or torch.int32), got dtype {tokens.dtype}")
     if tokens.dim() != 2:
         raise ValueError(f"{name}: expected shape (B, L) of token ids, got {tuple(tokens.shape)} ({tokens.dim()} dims)")
     if max_len is not None and tokens.shape[1] > max_len:

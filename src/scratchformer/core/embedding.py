@@ -38,8 +38,7 @@ class TokenEmbedding(nn.Module):
         projection starts with logits of unit scale (as fairseq). Unscaled (BERT): N(0, 0.02)."""
         nn.init.normal_(self.weight, mean=0.0, std=self.d_model**-0.5 if self.scale != 1.0 else 0.02)
         if self.padding_idx is not None:
-            with torch.no_grad():
-                self.weight[self.padding_idx].zero_()
+            nn.init.zeros_(self.weight[self.padding_idx])
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, L) integer ids -> (B, L, D)."""

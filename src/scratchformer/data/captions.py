@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from scratchformer.data.labelled_texts import open_text
+
 __all__ = ["CaptionExamples", "Vocabulary", "load_caption_folder", "load_cs231n_captions", "load_image",
            "save_caption_folder", "tokenize_caption"]
 
@@ -181,13 +183,18 @@ def load_caption_folder(captions_tsv: str | Path, folder: str | Path,
     features (N, D_img) / (N, R, D_img) float) and the image ids, in order of first appearance.
     """
     references: dict[str, list[str]] = {}
-    for number, line in enumerate(Path(captions_tsv).read_text(encoding="utf-8").splitlines(), 1):
+    with open_text(captions_tsv) as f:
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         if "\t" not in line:
             raise ValueError(f"{captions_tsv}:{number}: expected 'image_id<TAB>caption', got {line[:80]!r}")
         image_id, caption = line.split("\t", 1)
         image_id = re.sub(r"#\d+$", "", image_id.strip())  # Flickr8k: 1000268201_693b08cb0e.jpg#0
+        if not image_id or Path(image_id).is_absolute() or ".." in Path(image_id).parts or "\\" in image_id:
+            raise ValueError(f"{captions_tsv}:{number}: image id {image_id!r} is not a file name inside the images "
+                             "folder (no absolute paths, no '..')")
         references.setdefault(image_id, []).append(caption.strip())
     if not references:
         raise ValueError(f"{captions_tsv}: no captions")

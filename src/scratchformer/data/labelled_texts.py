@@ -42,13 +42,25 @@ class LabelledTexts:
 
 
 def open_text(path: str | Path) -> io.TextIOBase:
-    """Open a text file for reading, transparently decompressing ``.gz``."""
+    """Open a UTF-8 text file for reading (a byte-order mark is skipped), transparently
+    decompressing ``.gz``. A binary file, or one that is not UTF-8, is a ValueError naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+    gz = path.suffix == ".gz"
+    try:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+            head = f.read(1 << 16)
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: cannot be read as {'gzip' if gz else 'a file'} ({e})") from None
+    end = head.rfind(b"\n") + 1 if len(head) == 1 << 16 else len(head)  # whole lines: no split character
+    try:
+        if b"\x00" in head:
+            raise UnicodeError("NUL bytes")
+        head[:end].decode("utf-8-sig")
+    except UnicodeError as e:
+        raise ValueError(f"{path}: not a UTF-8 text file ({e}); is it binary?") from None
+    return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig") if gz else open(path, encoding="utf-8-sig")
 
 
 def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any] | None, str]]:

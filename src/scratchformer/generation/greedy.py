@@ -51,6 +51,8 @@ def greedy_decode(
             logits = model.decode(tokens[:, -1:], memory, src_padding_mask, cache=cache)[:, -1]
         else:
             logits = model.decode(tokens, memory, src_padding_mask)[:, -1]
+        if bool(torch.isnan(logits).any()):
+            raise FloatingPointError(f"decoding: the model's logits are NaN at step {step} (check its weights)")
         all_logits.append(logits)
         next_token = logits.index_fill(1, never, float("-inf")).argmax(dim=-1)
         if step == steps - 1:

@@ -46,6 +46,8 @@ def start_decoding(
     model: EncoderDecoder, src: Tensor, bos_id: int, eos_id: int, src_padding_mask: Tensor | None
 ) -> tuple[Tensor, Tensor | None, Tensor, DecoderCache]:
     """Check the ids, encode the source once: (memory, source mask, ids never to generate, an empty cache)."""
+    if bos_id == eos_id:
+        raise ValueError(f"bos_id and eos_id are both {bos_id}: every sentence would end before it begins")
     if eos_id == model.config.pad_id:
         raise ValueError(f"eos_id={eos_id} equals the model's pad_id: padding is never generated, so EOS could not be")
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):

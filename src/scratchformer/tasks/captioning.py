@@ -36,10 +36,10 @@ from scratchformer.data.captions import (
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.generation import beam_search, greedy_decode
 from scratchformer.models.patch_embedding import PatchEmbedding
-from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
-from scratchformer.training.checkpoint import open_checkpoint
+from scratchformer.training import TrainConfig, Trainer, check_run, distributed, load_weights, resolve_device
+from scratchformer.training.checkpoint import build_checked, open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
-from scratchformer.tasks.common import label_smoothed_loss, pad_ids
+from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.fast import optimize
 
 __all__ = ["Captioner", "CaptioningRecipe", "CaptioningTask", "caption_scores", "load_caption_splits",
@@ -92,6 +92,7 @@ class Captioner:
     def caption(self, inputs: Tensor, beam_size: int | None = None, batch_size: int = 128) -> list[str]:
         """Captions of ``inputs`` (images (N, C, H, W) uint8/float, or features); beam_size 1 = greedy."""
         beam_size = self.decoding.get("beam_size", 3) if beam_size is None else beam_size
+        check_batch(batch_size, beam_size)
         out: list[str] = []
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size].to(self.device)
@@ -266,10 +267,15 @@ class CaptioningRecipe(Recipe):
     decoding: dict[str, Any] = field(default_factory=lambda: {"beam_size": 3, "length_penalty": 1.0})
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    METRICS = ("loss", "bleu4", "exact_match")
+
+    def validate(self) -> None:
         if self.data not in ("shapes", "cs231n", "folder"):
             raise ValueError(f"data: expected 'shapes', 'cs231n' or 'folder', got {self.data!r}")
+        check_range(self, {"valid_size": 0, "min_count": 1, "batch_size": 1, "max_train": 1, "image_size": 1},
+                    ("label_smoothing",))
+        check_decoding(self.decoding, ("beam_size", "length_penalty"))
+        check_model_fields(CaptioningConfig, self.model, vocab_size=1000)
 
 
 def load_caption_splits(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/data"
@@ -325,6 +331,7 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
     start = time.perf_counter()
     r = recipe
     distributed.init(r.train.device)
+    check_run(r.train, resume)  # device, precision, output directory: before any data work
     if splits is None:
         splits, vocab = load_caption_splits(r, data_dir)
     else:
@@ -360,8 +367,12 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
 
 def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
     directory, config = open_checkpoint(directory, "captioning")
-    model = optimize(CaptioningTransformer(CaptioningConfig.from_dict(config["model"])))
-    load_weights(model, directory)
+    model_config = CaptioningConfig.from_dict(config["model"])
     vocab = Vocabulary.from_json(json.loads((directory / "vocab.json").read_text()))
+    if len(vocab) != model_config.vocab_size:
+        raise ValueError(f"{directory / 'vocab.json'} does not belong to this model: {len(vocab)} words, the model "
+                         f"has {model_config.vocab_size}")
+    model = optimize(build_checked(directory, lambda: CaptioningTransformer(model_config)))
+    load_weights(model, directory)
     dev = resolve_device(device)
     return Captioner(model.to(dev), vocab, config["decoding"], dev)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -23,11 +24,13 @@ from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.data.labelled_texts import LabelledTexts, load_labelled_texts
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.data.tokenization import TextTokenizer, train_wordpiece
-from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
-from scratchformer.training.checkpoint import open_checkpoint
+from scratchformer.data.tokenization import TRUNCATIONS, TextTokenizer, train_wordpiece
+from scratchformer.training import TrainConfig, Trainer, check_run, distributed, load_weights, resolve_device
+from scratchformer.training.checkpoint import build_checked, load_config, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
+from scratchformer.models.pooling import POOLING_MODES
+from scratchformer.tasks.common import check_batch, check_model_fields, check_range
 
 __all__ = [
     "ClassificationTask",
@@ -71,6 +74,7 @@ def predict_proba(
     device: torch.device | str = "cpu",
 ) -> Tensor:
     """Class probabilities (N, C) for tokenized texts, batched by length, in the input order."""
+    check_batch(batch_size)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     probs = torch.empty(len(ids), model.config.num_classes)
     for start in range(0, len(ids), batch_size):
@@ -147,6 +151,21 @@ class ClassifierRecipe(Recipe):
     average_last: int = 0  # also try the average of the last N evaluated checkpoints (0: off)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    METRICS = ("loss", "accuracy", "macro_f1")
+
+    def validate(self) -> None:
+        check_range(self, {"valid_size": 0, "vocab_size": 8, "max_length": 2, "head_length": 0, "batch_size": 1,
+                           "average_last": 0}, ("head_dropout",))
+        if self.truncation not in TRUNCATIONS:
+            raise ValueError(f"truncation: expected one of {TRUNCATIONS}, got {self.truncation!r}")
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"pooling: expected one of {POOLING_MODES}, got {self.pooling!r}")
+        if self.label_names is not None and (len(set(self.label_names)) != len(self.label_names) or len(self.label_names) < 2):
+            raise ValueError(f"label_names: expected at least two distinct names, got {self.label_names}")
+        if not self.pretrained:
+            check_model_fields(EncoderConfig, {"max_len": self.max_length, **self.model}, vocab_size=self.vocab_size,
+                               pad_id=0)
+
 
 
 
@@ -161,6 +180,7 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     start = time.perf_counter()
     c = recipe
     distributed.init(c.train.device)
+    check_run(c.train, resume)  # device, precision, output directory: before any data work
     load = lambda p, names=c.label_names: load_labelled_texts(  # noqa: E731
         resolve_data_path(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
     )
@@ -176,8 +196,14 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
         tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
                                             truncation=c.truncation, head_length=c.head_length)
     else:
-        # WordPiece training is not deterministic across processes: every rank takes rank 0's.
-        wordpiece = distributed.on_main(lambda: train_wordpiece(train.texts, c.vocab_size, c.lowercase))
+        # WordPiece training is not deterministic across processes (README): every rank takes rank 0's,
+        # and a resumed run the one its weights were trained with.
+        saved = resolve_checkpoint(Path(c.train.out_dir) / "last") if resume else None
+        if saved is not None and load_config(saved).get("labels") != full.label_names:
+            raise ValueError(f"--resume: {saved} was trained with labels {load_config(saved).get('labels')}, "
+                             f"the data now gives {full.label_names}")
+        wordpiece = distributed.on_main(lambda: Tokenizer.from_file(str(saved / "tokenizer.json")) if saved
+                                        else train_wordpiece(train.texts, c.vocab_size, c.lowercase))
         tokenizer = TextTokenizer(wordpiece, c.max_length, truncation=c.truncation, head_length=c.head_length)
         encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,
                                    "pad_id": tokenizer.pad_id})
@@ -239,10 +265,18 @@ class LoadedClassifier:
 def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassifier:
     """Load a checkpoint written by :func:`train_classifier` (weights via safetensors)."""
     directory, config = open_checkpoint(directory, "text_classifier")
-    model = optimize(TextClassifier(ClassifierConfig.from_dict(config["model"])))
-    load_weights(model, directory)
-    settings = config["tokenizer"]
+    model_config = ClassifierConfig.from_dict(config["model"])
+    settings, labels = config["tokenizer"], list(config["labels"])
     tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", settings["max_length"], settings["pad_token"],
                                         truncation=settings["truncation"], head_length=settings["head_length"])
+    encoder = model_config.encoder
+    if tokenizer.vocab_size != encoder.vocab_size or tokenizer.pad_id != encoder.pad_id:
+        raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.vocab_size} tokens, "
+                         f"pad id {tokenizer.pad_id}; the model has {encoder.vocab_size} tokens, pad id {encoder.pad_id}")
+    if len(labels) != model_config.num_classes or len(set(labels)) != len(labels):
+        raise ValueError(f"{directory / 'config.json'}: labels {labels} do not match the model's "
+                         f"{model_config.num_classes} classes")
+    model = optimize(build_checked(directory, lambda: TextClassifier(model_config)))
+    load_weights(model, directory)
     dev = resolve_device(device)
-    return LoadedClassifier(model.to(dev).eval(), tokenizer, list(config["labels"]), dev)
+    return LoadedClassifier(model.to(dev).eval(), tokenizer, labels, dev)

@@ -1,15 +1,18 @@
-"""What more than one task uses: the label-smoothed loss of sequence training and id padding.
+"""What more than one task uses: the label-smoothed loss of sequence training, id padding, and the
+checks of recipe sections.
 (A task never imports another task; what two share lives here or lower.)"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["label_smoothed_loss", "pad_ids"]
+__all__ = ["check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:
@@ -28,3 +31,50 @@ def pad_ids(sequences: Sequence[Sequence[int]], device: torch.device | str = "cp
     for i, s in enumerate(sequences):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out.to(device)
+
+
+DECODING_KEYS = {"beam_size": int, "length_penalty": float, "max_len_a": float, "max_len_b": int}
+
+
+def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = tuple(DECODING_KEYS)) -> None:
+    """A recipe's ``decoding`` section: known keys only, beam_size >= 1, finite numbers >= 0."""
+    unknown = sorted(set(decoding) - set(allowed))
+    if unknown:
+        raise ValueError(f"decoding: unknown keys {unknown} (expected some of {list(allowed)})")
+    for key, value in decoding.items():
+        integer = DECODING_KEYS[key] is int
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or (integer and value != int(value)):
+            raise ValueError(f"decoding.{key}: expected a finite {'integer' if integer else 'number'}, got {value!r}")
+        low = {"beam_size": 1, "max_len_a": 0, "max_len_b": 0}.get(key)
+        if low is not None and value < low:
+            raise ValueError(f"decoding.{key} must be >= {low}, got {value!r}")
+
+
+def check_batch(batch_size: int, beam_size: int | None = None) -> None:
+    """Decoding/inference arguments: batch_size >= 1 and beam_size >= 1 (if given)."""
+    for name, value in (("batch_size", batch_size), ("beam_size", beam_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_range(recipe: object, at_least: dict[str, int], fractions: tuple[str, ...] = ()) -> None:
+    """Integer fields of ``recipe`` must be >= their bound; ``fractions`` must be in [0, 1)."""
+    for name, low in at_least.items():
+        value = getattr(recipe, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    for name in fractions:
+        if not 0.0 <= getattr(recipe, name) < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {getattr(recipe, name)}")
+
+
+def check_model_fields(config_cls: type, fields: dict[str, Any], **filled: Any) -> None:
+    """The recipe's ``model`` section builds a valid ``config_cls`` (with ``filled`` standing in for
+    what the data decides later, e.g. the vocabulary size)."""
+    try:
+        config_cls(**{**fields, **filled})
+    except TypeError as e:
+        raise ValueError(f"model: {e}".replace(f"{config_cls.__name__}.__init__() ", "")) from None
+    except ValueError as e:
+        raise ValueError(f"model: {e}") from None

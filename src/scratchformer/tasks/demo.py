@@ -59,6 +59,9 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task: expected one of {TASKS}, got {self.task!r}")
+        for name in ("steps", "batch_size", "eval_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.min_len <= self.max_len:
             raise ValueError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
 

@@ -23,13 +23,13 @@ from torch.nn import functional as F
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
-from scratchformer.data.tokenization import train_bpe
-from scratchformer.training import TrainConfig, Trainer, distributed, load_weights, resolve_device
-from scratchformer.training.checkpoint import open_checkpoint
+from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, train_bpe
+from scratchformer.training import TrainConfig, Trainer, check_run, distributed, load_weights, resolve_device
+from scratchformer.training.checkpoint import build_checked, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.generation import beam_search, greedy_decode
-from scratchformer.tasks.common import label_smoothed_loss, pad_ids
+from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.tools.attention_maps import plot_attention, record_attention
 
 __all__ = [
@@ -76,6 +76,7 @@ class Translator:
     def translate(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[str]:
         """Translate ``texts`` (batched by length; output in input order). beam_size 1 = greedy."""
         beam_size = self.decoding.get("beam_size", 5) if beam_size is None else beam_size
+        check_batch(batch_size, beam_size)
         sources = self.encode_sources(texts)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[str] = [""] * len(sources)
@@ -171,6 +172,17 @@ class TranslationRecipe(Recipe):
                                                               "max_len_a": 1.2, "max_len_b": 10})
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    METRICS = ("loss", "bleu", "chrf")
+
+    def validate(self) -> None:
+        check_range(self, {"vocab_size": 8, "max_length": 2, "max_tokens": 1, "average_last": 0}, ("label_smoothing",))
+        check_decoding(self.decoding)
+        check_model_fields(TransformerConfig, {"max_len": 256, **self.model}, src_vocab_size=self.vocab_size,
+                           tgt_vocab_size=self.vocab_size, pad_id=PAD)
+        max_len = {"max_len": 256, **self.model}["max_len"]
+        if self.max_length > max_len:
+            raise ValueError(f"max_length={self.max_length} tokens per side exceeds the model's max_len={max_len}")
+
 
 
 def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
@@ -182,11 +194,14 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
     start = time.perf_counter()
     r = recipe
     distributed.init(r.train.device)
+    check_run(r.train, resume)  # device, precision, output directory: before any data work
     def load_pair(source: str | None, target: str | None) -> ParallelTexts:
         return load_parallel_texts(resolve_data_path(source, data_dir), resolve_data_path(target, data_dir))  # type: ignore[arg-type]
 
     train, valid = load_pair(r.train_source, r.train_target), load_pair(r.valid_source, r.valid_target)
-    tokenizer = distributed.on_main(lambda: train_bpe(train.sources + train.targets, r.vocab_size))  # one BPE for all ranks
+    saved = resolve_checkpoint(Path(r.train.out_dir) / "last") if resume else None  # resume: its own BPE
+    tokenizer = distributed.on_main(lambda: Tokenizer.from_file(str(saved / "tokenizer.json")) if saved
+                                    else train_bpe(train.sources + train.targets, r.vocab_size))  # one BPE for all ranks
     config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
                                   "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
     torch.manual_seed(r.train.seed)
@@ -222,10 +237,17 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
 
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:
     directory, config = open_checkpoint(directory, "translation")
-    model = optimize(Transformer(TransformerConfig.from_dict(config["model"])))
+    model_config = TransformerConfig.from_dict(config["model"])
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    specials = {name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos"), BPE_SPECIAL_TOKENS)}
+    if tokenizer.get_vocab_size() != model_config.src_vocab_size or specials != {"pad": PAD, "bos": BOS, "eos": EOS}:
+        raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.get_vocab_size()} "
+                         f"tokens and special ids {specials}, the model has {model_config.src_vocab_size} tokens and "
+                         f"pad/bos/eos = {PAD}/{BOS}/{EOS}")
+    model = optimize(build_checked(directory, lambda: Transformer(model_config)))
     load_weights(model, directory)
     dev = resolve_device(device)
-    return Translator(model.to(dev), Tokenizer.from_file(str(directory / "tokenizer.json")), config["decoding"], dev)
+    return Translator(model.to(dev), tokenizer, config["decoding"], dev)
 
 
 def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:

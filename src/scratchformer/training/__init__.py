@@ -4,7 +4,7 @@ from scratchformer.training import distributed
 from scratchformer.training.checkpoint import load_config, load_training_state, load_weights, save_checkpoint
 from scratchformer.training.metrics import MetricsLog, plot_curves
 from scratchformer.training.schedule import lr_multiplier
-from scratchformer.training.trainer import TrainConfig, Trainer, TrainingTask, TrainResult, resolve_device
+from scratchformer.training.trainer import TrainConfig, Trainer, TrainingTask, TrainResult, check_run, resolve_device
 
 __all__ = [
     "MetricsLog",
@@ -12,6 +12,7 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "TrainingTask",
+    "check_run",
     "distributed",
     "load_config",
     "load_training_state",

@@ -8,11 +8,18 @@
 
 Atomic: the new checkpoint is written completely into a temporary sibling directory, then swapped
 in by renames. A crash at any moment leaves either the previous or the new checkpoint complete:
-if it happens between the two renames, the previous one is found under ``NAME.old``.
+if it happens between the two renames, the previous one is found under ``NAME.old`` (and the next
+save moves it back before anything is deleted). Temporaries of an interrupted save are removed by
+the next save.
+
+Checked on load: ``config.json`` records the SHA-256 of ``model.safetensors``, verified before the
+weights are used (flipped bytes are an error, not values of 1e36); :func:`build_checked` compares
+the model a config describes with the tensor shapes in the file before allocating any memory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
-__all__ = ["average_checkpoints", "load_config", "open_checkpoint", "load_training_state", "load_weights", "resolve_checkpoint", "save_checkpoint"]
+__all__ = ["average_checkpoints", "build_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
+           "resolve_checkpoint", "save_checkpoint", "verified_weights"]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
 
@@ -40,16 +49,21 @@ def save_checkpoint(
     """Write a checkpoint directory atomically. ``extra_files(tmp_dir)`` may add files (a tokenizer)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
+    old = directory.with_name(directory.name + ".old")
+    if old.exists() and not (directory / CONFIG).is_file():  # an earlier swap was interrupted: old is the checkpoint
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(old, directory)
+    for stale in directory.parent.glob(f".{directory.name}.tmp-*"):  # left by an interrupted save
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         save_model(model, str(tmp / WEIGHTS))
-        (tmp / CONFIG).write_text(json.dumps(config, indent=2))
+        (tmp / CONFIG).write_text(json.dumps({**config, "weights_sha256": _sha256(tmp / WEIGHTS)}, indent=2))
         if training_state is not None:
             torch.save(training_state, tmp / STATE)
         if extra_files is not None:
             extra_files(tmp)
         _fsync_dir_files(tmp)
-        old = directory.with_name(directory.name + ".old")
         if old.exists():
             shutil.rmtree(old)
         if directory.exists():
@@ -80,8 +94,53 @@ def resolve_checkpoint(directory: str | Path) -> Path:
     raise FileNotFoundError(f"no checkpoint at {directory} (expected {CONFIG} and {WEIGHTS} there)")
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def load_config(directory: str | Path) -> dict[str, Any]:
-    return json.loads((resolve_checkpoint(directory) / CONFIG).read_text())
+    """``config.json`` of a checkpoint (a JSON object; anything else is an error naming the file)."""
+    path = resolve_checkpoint(directory) / CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+def verified_weights(directory: str | Path) -> Path:
+    """The checkpoint's ``model.safetensors``, after checking it against the SHA-256 in its
+    config.json (checkpoints written before the checksum existed are read unchecked)."""
+    directory = resolve_checkpoint(directory)
+    path, expected = directory / WEIGHTS, load_config(directory).get("weights_sha256")
+    if not path.is_file():
+        raise FileNotFoundError(f"no {WEIGHTS} in {directory}")
+    if expected is not None and _sha256(path) != expected:
+        raise ValueError(f"{path} is damaged: its SHA-256 differs from the one recorded in {CONFIG} when it was saved")
+    return path
+
+
+def build_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` the model a checkpoint's config describes, but first on the meta device (no
+    memory), to compare its tensors with the shapes in ``model.safetensors``: a config that does
+    not fit its weights is an error before anything large is allocated."""
+    path = verified_weights(directory)
+    with torch.device("meta"):
+        skeleton = build()
+    with safe_open(str(path), framework="pt") as f:
+        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    try:
+        skeleton.load_state_dict({k: torch.empty(s, device="meta") for k, s in shapes.items()}, strict=False, assign=True)
+    except RuntimeError as e:
+        raise ValueError(f"{directory}: config.json does not fit model.safetensors: "
+                         + "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())) from None
+    return build()
 
 
 def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, Any]]:
@@ -95,7 +154,7 @@ def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, A
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:
     """Load ``model.safetensors`` into ``model``; a missing or unexpected tensor is an error."""
-    path = resolve_checkpoint(directory) / WEIGHTS
+    path = verified_weights(directory)
     missing, unexpected = load_model(model, str(path), strict=False)
     if missing or unexpected:
         raise ValueError(f"{path} does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
@@ -115,7 +174,7 @@ def average_checkpoints(directories: Sequence[Path], model: nn.Module) -> None:
     float64). Averaging the last checkpoints of a run smooths the noise of the final steps."""
     total: dict[str, Tensor] = {}
     for directory in directories:
-        for name, tensor in load_file(str(directory / "model.safetensors")).items():
+        for name, tensor in load_file(str(verified_weights(directory))).items():
             total[name] = total.get(name, 0) + tensor.double()  # type: ignore[operator]
     missing, unexpected = model.load_state_dict({k: (v / len(directories)).float() for k, v in total.items()}, strict=False)
     params = model.state_dict(keep_vars=True)

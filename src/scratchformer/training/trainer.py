@@ -72,6 +72,8 @@ class TrainConfig:
         progress: show a progress bar (rank 0 only).
         find_unused_parameters: under torchrun, tell DistributedDataParallel that some parameters
             may get no gradient in a step (slower; needed only by models that skip parameters).
+        overwrite: a fresh run into an ``out_dir`` that holds an earlier run replaces it (its
+            checkpoints, log and report); without it that is an error (resume, or pick another).
 
     Under torchrun with N processes, one optimizer step consumes ``N * grad_accum`` micro-batches
     (the effective batch is N times larger, so an epoch has N times fewer steps); the learning
@@ -102,6 +104,7 @@ class TrainConfig:
     threads: int = 0
     progress: bool = True
     find_unused_parameters: bool = False
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
@@ -116,8 +119,19 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.lr <= 0:
+        if not self.lr > 0 or not math.isfinite(self.lr):
             raise ValueError(f"lr must be positive, got {self.lr}")
+        for name in ("eval_every", "save_every", "keep_checkpoints", "warmup_steps", "threads", "seed"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be positive (or null: no clipping), got {self.grad_clip}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not self.weight_decay >= 0 or not self.adam_eps > 0:
+            raise ValueError(f"weight_decay must be >= 0 and adam_eps > 0, got {self.weight_decay}, {self.adam_eps}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
 
 
 class TrainingTask(Protocol):
@@ -155,6 +169,31 @@ class TrainResult:
     evals: list[dict[str, float]] = field(default_factory=list)
     best: dict[str, float] | None = None
     seconds: float = 0.0
+
+
+RUN_OUTPUTS = ("last", "last.old", "best", "best.old", "averaged", "metrics.jsonl", "report.json", "curves.png")
+
+
+def check_run(config: TrainConfig, resume: bool) -> None:
+    """What a run needs before any work starts (the tasks call this first; so does the Trainer):
+    the device exists, the precision suits it, and ``out_dir`` is fit for a fresh run (no earlier
+    run there, unless ``overwrite``, which removes it) or for ``resume`` (a checkpoint to resume)."""
+    device = resolve_device(config.device)
+    if config.precision == "fp16" and device.type != "cuda":
+        raise ValueError("precision 'fp16' needs a CUDA device (GradScaler); use 'bf16' on CPU")
+    out = Path(config.out_dir)
+    earlier = sorted(p.name for p in out.glob("*") if p.name in RUN_OUTPUTS or p.name.startswith("step-")) \
+        if out.is_dir() else []
+    if resume:
+        if not (out / "last" / "training_state.pt").is_file() and not (out / "last.old" / "training_state.pt").is_file():
+            raise FileNotFoundError(f"--resume: no resumable checkpoint in {out} (expected {out / 'last'})")
+    elif earlier and not config.overwrite:
+        raise FileExistsError(f"{out} holds an earlier run ({', '.join(earlier)}): resume it (--resume), replace it "
+                              "(--overwrite / overwrite=True) or choose another output directory")
+    elif earlier and distributed.world().is_main:
+        for name in earlier:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -304,6 +343,7 @@ class Trainer:
         random.seed(c.seed + self.world.rank)
         model = self.model.to(self.device)
         model.train()
+        check_run(c, resume)  # (the tasks ran it already, before their data work: then it finds nothing new)
         state = self._resume_state() if resume else None
         train_model = self._wrap(model)
         ddp = train_model if isinstance(train_model, DistributedDataParallel) else None
