@@ -184,3 +184,35 @@ def test_resume_with_an_optimizer_state_of_another_layout_is_a_clear_error(tmp_p
     with pytest.raises(ValueError, match=r"optimizer state holds \[.*\] parameter tensors per group, this model has .* "
                                           r"cannot resume"):
         Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=2)).fit(resume=True)
+
+
+def test_an_overflowed_fp16_step_is_detected_as_skipped() -> None:
+    """The trainer does not count a step the GradScaler skipped (no schedule, step or log advance);
+    here the detection, with PyTorch's CPU GradScaler (the trainer's is CUDA's: fp16 needs a GPU)."""
+    from scratchformer.training.trainer import optimizer_step
+
+    weight = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale((weight * float("inf")).sum()).backward()
+    assert optimizer_step(scaler, optimizer) is True and torch.equal(weight.detach(), torch.ones(3))
+    assert scaler.get_scale() == 2.0**15
+    scaler.scale((weight * 2).sum()).backward()
+    assert optimizer_step(scaler, optimizer) is False and not torch.equal(weight.detach(), torch.ones(3))
+    plain = torch.amp.GradScaler("cpu", enabled=False)
+    (weight * 2).sum().backward()
+    assert optimizer_step(plain, optimizer) is False
+
+
+def test_a_bf16_state_resumes_under_another_precision_and_loads_on_cpu(tmp_path: Path) -> None:
+    Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=1, precision="bf16")).fit()
+    state = load_training_state(tmp_path / "last")  # CPU memory by default
+    assert state["scaler"] == {} and state["rng"]["torch"].device.type == "cpu"
+    result = Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=2)).fit(resume=True)  # fp32 now
+    assert result.step == 2 * 4 and result.skipped_steps == 0
+
+
+def test_deterministic_mode_trains_and_restores_the_global_setting(tmp_path: Path) -> None:
+    before = torch.are_deterministic_algorithms_enabled()
+    result = Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=1, deterministic=True)).fit()
+    assert result.step == 4 and torch.are_deterministic_algorithms_enabled() == before

@@ -150,8 +150,19 @@ def load_labelled_texts(
             continue
         raw_rows.append((number, text, label))
 
+    texts, labels, names = _assign_labels(raw_rows, label_names, problem)
+    if not texts:
+        raise ValueError(f"{path}: no usable examples (skipped: {dict(skipped)})")
+    return LabelledTexts(texts, labels, names, dict(skipped))
+
+
+def _assign_labels(rows: list[tuple[int, str, int | str]], label_names: Sequence[str] | None,
+                   problem: Any) -> tuple[list[str], list[int], list[str]]:
+    """(texts, class indices, class names) from (row number, text, raw label) rows: integer labels
+    index the classes (default 0..max, in numeric order), string labels must be among them
+    (default: the sorted distinct strings); a label outside is ``problem(number, message, kind)``."""
     if label_names is None:
-        values = {label for _, _, label in raw_rows}
+        values = {label for _, _, label in rows}
         ints = [v for v in values if isinstance(v, int)]
         if len(ints) == len(values):
             label_names = [str(i) for i in range(max(ints, default=-1) + 1)]
@@ -160,7 +171,7 @@ def load_labelled_texts(
     names = list(label_names)
     index = {name: i for i, name in enumerate(names)}
     texts, labels = [], []
-    for number, text, label in raw_rows:
+    for number, text, label in rows:
         if isinstance(label, int):
             if not 0 <= label < len(names):
                 problem(number, f"label {label} is outside the classes [0, {len(names)}) {names}", "bad label")
@@ -172,17 +183,27 @@ def load_labelled_texts(
             problem(number, f"label {label!r} is not one of the classes {names}", "bad label")
             continue
         texts.append(text)
-    if not texts:
-        raise ValueError(f"{path}: no usable examples (skipped: {dict(skipped)})")
-    return LabelledTexts(texts, labels, names, dict(skipped))
+    return texts, labels, names
 
 
 def load_hf_dataset(name: str, split: str, text_field: str = "text", label_field: str = "label") -> LabelledTexts:
-    """A Hugging Face ``datasets`` split (needs ``pip install datasets`` and network or a cache)."""
+    """A Hugging Face ``datasets`` split (needs ``pip install datasets`` and network or a cache).
+    Labels are handled as :func:`load_labelled_texts` handles them: a ClassLabel's names, integer
+    labels in numeric order, string labels sorted; a label outside the classes is an error."""
     import datasets  # type: ignore[import-not-found]
 
     ds = datasets.load_dataset(name, split=split)
     feature = ds.features[label_field]
-    names = list(feature.names) if hasattr(feature, "names") else sorted({str(x) for x in ds[label_field]})
-    texts, labels = list(ds[text_field]), [int(x) for x in ds[label_field]]
+    where = f"{name} [{split}]"
+
+    def problem(number: int, message: str, kind: str) -> None:
+        raise ValueError(f"{where} row {number}: {message}")
+
+    rows = []
+    for number, (text, label) in enumerate(zip(ds[text_field], ds[label_field])):
+        try:
+            rows.append((number, text, _normalise_label(label)))
+        except ValueError as e:
+            problem(number, str(e), "bad label")
+    texts, labels, names = _assign_labels(rows, list(feature.names) if hasattr(feature, "names") else None, problem)
     return LabelledTexts(texts, labels, names)

@@ -42,6 +42,9 @@ class ClassifierConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:
+        unknown = sorted(set(data) - {"encoder", "num_classes", "pooling", "head_dropout"})
+        if unknown:
+            raise ValueError(f"ClassifierConfig: unknown fields {unknown}")
         return cls(**data)
 
 

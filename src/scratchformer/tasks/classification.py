@@ -267,8 +267,11 @@ def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassi
     directory, config = open_checkpoint(directory, "text_classifier")
     model_config = ClassifierConfig.from_dict(config["model"])
     settings, labels = config["tokenizer"], list(config["labels"])
-    tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", settings["max_length"], settings["pad_token"],
-                                        truncation=settings["truncation"], head_length=settings["head_length"])
+    try:
+        tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", settings["max_length"], settings["pad_token"],
+                                            truncation=settings["truncation"], head_length=settings["head_length"])
+    except ValueError as e:
+        raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model ({e})") from None
     encoder = model_config.encoder
     if tokenizer.vocab_size != encoder.vocab_size or tokenizer.pad_id != encoder.pad_id:
         raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.vocab_size} tokens, "

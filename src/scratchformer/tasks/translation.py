@@ -131,7 +131,8 @@ class TranslationTask:
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         translator = Translator(model, self.tokenizer, self.decoding, device)  # type: ignore[arg-type]
         src = translator.encode_sources(self.valid.sources)
-        tgt = _encode(self.tokenizer, self.valid.targets)
+        limit = self.model_config.max_len - 1  # room for BOS / EOS; the loss of longer references is cut there
+        tgt = [t[:limit] for t in _encode(self.tokenizer, self.valid.targets)]  # (BLEU scores them whole)
         total, tokens = 0.0, 0
         for start in range(0, len(src), 64):
             s, t = src[start : start + 64], tgt[start : start + 64]

@@ -160,9 +160,10 @@ def load_weights(model: nn.Module, directory: str | Path) -> None:
         raise ValueError(f"{path} does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
 
 
-def load_training_state(directory: str | Path, map_location: str | None = None) -> dict[str, Any]:
-    """The optimizer/scheduler/step/RNG state, read with ``weights_only=True`` (no arbitrary unpickling);
-    ``map_location="cpu"`` reads GPU tensors into CPU memory."""
+def load_training_state(directory: str | Path, map_location: str | None = "cpu") -> dict[str, Any]:
+    """The optimizer/scheduler/step/RNG state, read with ``weights_only=True`` (no arbitrary unpickling)
+    into CPU memory (a GPU-saved state loads on a machine without one; the optimizer moves its
+    state to the parameters' device); ``map_location=None`` keeps the saved devices."""
     path = resolve_checkpoint(directory) / STATE
     if not path.is_file():
         raise FileNotFoundError(f"no training state in {path.parent} (was it saved for resuming?)")

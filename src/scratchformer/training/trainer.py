@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import random
 import shutil
 import sys
@@ -43,6 +44,7 @@ from scratchformer.training.schedule import SCHEDULES, lr_multiplier
 __all__ = ["TrainConfig", "TrainResult", "Trainer", "TrainingTask", "resolve_device"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+MAX_CONSECUTIVE_SKIPS = 20  # fp16 overflows in a row before training stops
 
 
 @dataclass
@@ -74,6 +76,9 @@ class TrainConfig:
             may get no gradient in a step (slower; needed only by models that skip parameters).
         overwrite: a fresh run into an ``out_dir`` that holds an earlier run replaces it (its
             checkpoints, log and report); without it that is an error (resume, or pick another).
+        deterministic: ``torch.use_deterministic_algorithms(True)``. A resumed run equals the
+            uninterrupted one bit for bit on CPU without it; on CUDA it needs it (the fused
+            attention backward and ``index_add`` are not deterministic there), at some speed.
 
     Under torchrun with N processes, one optimizer step consumes ``N * grad_accum`` micro-batches
     (the effective batch is N times larger, so an epoch has N times fewer steps); the learning
@@ -105,6 +110,7 @@ class TrainConfig:
     progress: bool = True
     find_unused_parameters: bool = False
     overwrite: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
@@ -169,6 +175,7 @@ class TrainResult:
     evals: list[dict[str, float]] = field(default_factory=list)
     best: dict[str, float] | None = None
     seconds: float = 0.0
+    skipped_steps: int = 0  # fp16: optimizer steps the GradScaler skipped (overflow); not counted in step
 
 
 RUN_OUTPUTS = ("last", "last.old", "best", "best.old", "averaged", "metrics.jsonl", "report.json", "curves.png")
@@ -212,18 +219,35 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _rng_state() -> dict[str, Any]:
+def optimizer_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """One optimizer step through the GradScaler (a plain step when it is disabled), then zero the
+    gradients. Returns whether the scaler skipped it: inf/NaN gradients (fp16 overflow, or its
+    first calibration steps) make it lower the scale and leave the weights unchanged."""
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return scale is not None and scaler.get_scale() < scale
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """The CPU and Python generators, and the generator of the GPU this process trains on (only
+    that one: a resumed run may see fewer GPUs)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if device.type == "cuda" and cuda is not None:
+        if isinstance(cuda, list):  # saved by 0.1: every visible GPU's state; take this device's
+            cuda = cuda[device.index or 0] if (device.index or 0) < len(cuda) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
 
 
 class Trainer:
@@ -327,6 +351,19 @@ class Trainer:
         )
 
     def fit(self, resume: bool = False, on_step: Any = None) -> TrainResult:
+        """Train (see :meth:`_fit`); with ``deterministic`` under deterministic algorithms, the
+        process's previous setting restored afterwards."""
+        if not self.config.deterministic:
+            return self._fit(resume, on_step)
+        previous = torch.are_deterministic_algorithms_enabled()
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
+        torch.use_deterministic_algorithms(True)
+        try:
+            return self._fit(resume, on_step)
+        finally:
+            torch.use_deterministic_algorithms(previous)
+
+    def _fit(self, resume: bool = False, on_step: Any = None) -> TrainResult:
         """Train to ``max_steps`` (or ``epochs``). ``resume`` continues from ``out_dir/last``.
 
         ``on_step(step, loss)`` is called after every optimizer step (e.g. to stop early); under
@@ -355,7 +392,7 @@ class Trainer:
         )
         scaler = torch.amp.GradScaler("cuda", enabled=c.precision == "fp16")
 
-        step, epoch, next_group, best = 0, 0, 0, None
+        step, epoch, next_group, best, skipped = 0, 0, 0, None, 0
         if state is not None:
             saved = [len(g["params"]) for g in state["optimizer"]["param_groups"]]
             if saved != [len(g["params"]) for g in optimizer.param_groups]:
@@ -364,9 +401,11 @@ class Trainer:
                                  "model or release); its weights load, but the run cannot resume")
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
-            scaler.load_state_dict(state["scaler"])
+            if scaler.is_enabled() and state.get("scaler"):  # (a bf16/fp32 run saved an empty scaler state)
+                scaler.load_state_dict(state["scaler"])
             step, epoch, next_group, best = state["step"], state["epoch"], state["next_group"], state["best"]
-            _set_rng_state(state["rng"])
+            skipped = state.get("skipped_steps", 0)
+            _set_rng_state(state["rng"], self.device)
             if main:
                 self.log.truncate_after(step)
         elif main and self.log.path.exists():
@@ -374,7 +413,7 @@ class Trainer:
 
         def training_state() -> dict[str, Any]:
             """The resumable state; a collective under torchrun (every rank's RNG state is gathered)."""
-            rng = _rng_state()
+            rng = _rng_state(self.device)
             state = {
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
@@ -383,6 +422,7 @@ class Trainer:
                 "epoch": epoch,
                 "next_group": next_group,
                 "best": best,
+                "skipped_steps": skipped,
                 "rng": rng,
                 "world_size": self.world.size,
             }
@@ -391,6 +431,7 @@ class Trainer:
             return state
 
         result = TrainResult(step=step, losses=[])
+        consecutive_skips = 0
         start = time.perf_counter()
         window_items, window_start = 0.0, time.perf_counter()
         show = c.progress and main
@@ -410,7 +451,7 @@ class Trainer:
                         with self._autocast():
                             loss, items = self.task.loss(train_model, micro, self.device)
                         value = loss.item()
-                        if not math.isfinite(value):
+                        if not math.isfinite(value) and not scaler.is_enabled():  # fp16: the scaler skips the step
                             raise FloatingPointError(
                                 f"loss is {value} at step {step + 1} (epoch {epoch}, batch {next_group}"
                                 + (f", rank {self.world.rank}" if self.world.distributed else "")
@@ -428,15 +469,21 @@ class Trainer:
                 if c.grad_clip is not None:
                     scaler.unscale_(optimizer)
                     nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-                step += 1
+                overflowed = optimizer_step(scaler, optimizer)
                 next_group += 1
                 epoch_done = next_group >= len(groups)
                 if epoch_done:
                     epoch, next_group = epoch + 1, 0
+                if overflowed:  # fp16: the scaler skipped this step
+                    skipped += 1
+                    consecutive_skips += 1
+                    if consecutive_skips > MAX_CONSECUTIVE_SKIPS:
+                        raise FloatingPointError(f"fp16: {consecutive_skips} optimizer steps in a row overflowed "
+                                                 f"(loss {loss_sum}); training stopped: try bf16 or a lower learning rate")
+                    continue  # not a step: the schedule, the step count and the log do not move
+                consecutive_skips = 0
+                scheduler.step()
+                step += 1
                 result.losses.append(loss_sum)
                 bar.update(1)
 
@@ -449,6 +496,8 @@ class Trainer:
                         "lr": scheduler.get_last_lr()[0],
                         "items_per_s": window_items / max(elapsed, 1e-9),  # all ranks together
                     }
+                    if scaler.is_enabled():
+                        record["skipped_steps"] = skipped  # fp16 overflows so far (the scaler's calibration)
                     if main:
                         self.log.write(record)
                     bar.set_postfix(loss=f"{loss_sum:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['items_per_s']:.0f}")
@@ -477,5 +526,5 @@ class Trainer:
                     on_step(step, loss_sum)
         bar.close()
         distributed.barrier()  # when fit returns on any rank, rank 0's checkpoints are written
-        result.step, result.best, result.seconds = step, best, time.perf_counter() - start
+        result.step, result.best, result.seconds, result.skipped_steps = step, best, time.perf_counter() - start, skipped
         return result
