@@ -172,3 +172,25 @@ def test_length_bucketed_batches() -> None:
     assert all(len(b) * max(lengths[i] for i in b) <= 800 for b in by_tokens)
     with pytest.raises(ValueError, match="exactly one"):
         length_bucketed_batches(lengths, 16, max_tokens=100)
+
+
+def test_a_given_tokenizer_makes_fresh_runs_use_one_vocabulary(tmp_path: Path, monkeypatch) -> None:
+    """WordPiece training is not reproducible across processes (README); a recipe's ``tokenizer``
+    reuses a saved one instead, so every fresh run gets the same ids."""
+    from scratchformer.tasks import classification
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = tiny_recipe(tmp_path / "a")
+    first.train.epochs = 1
+    train_classifier(first)
+    saved = tmp_path / "a" / "run" / "best" / "tokenizer.json"
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the recipe gives a tokenizer: none may be trained")
+
+    monkeypatch.setattr(classification, "train_wordpiece", no_training)
+    second = tiny_recipe(tmp_path / "b")
+    second.train.epochs, second.tokenizer = 1, str(saved)
+    train_classifier(second)
+    assert (tmp_path / "b" / "run" / "best" / "tokenizer.json").read_text() == saved.read_text()

@@ -148,6 +148,7 @@ class ClassifierRecipe(Recipe):
     head_dropout: float = 0.1
     model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the tokenizer)
     pretrained: str | None = None  # a BERT checkpoint directory to start from (its tokenizer too)
+    tokenizer: str | None = None  # a tokenizer.json to use instead of training one (identical vocabularies across runs)
     average_last: int = 0  # also try the average of the last N evaluated checkpoints (0: off)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -202,7 +203,8 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
         if saved is not None and load_config(saved).get("labels") != full.label_names:
             raise ValueError(f"--resume: {saved} was trained with labels {load_config(saved).get('labels')}, "
                              f"the data now gives {full.label_names}")
-        wordpiece = distributed.on_main(lambda: Tokenizer.from_file(str(saved / "tokenizer.json")) if saved
+        given = saved / "tokenizer.json" if saved else resolve_data_path(c.tokenizer, data_dir)
+        wordpiece = distributed.on_main(lambda: Tokenizer.from_file(str(given)) if given
                                         else train_wordpiece(train.texts, c.vocab_size, c.lowercase))
         tokenizer = TextTokenizer(wordpiece, c.max_length, truncation=c.truncation, head_length=c.head_length)
         encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,

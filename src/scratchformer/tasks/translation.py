@@ -168,6 +168,7 @@ class TranslationRecipe(Recipe):
     max_tokens: int = 4096  # padded tokens per batch and side
     label_smoothing: float = 0.1
     average_last: int = 0  # average the last N evaluated checkpoints (0: off)
+    tokenizer: str | None = None  # a tokenizer.json (joint BPE) to use instead of training one
     model: dict[str, Any] = field(default_factory=dict)  # TransformerConfig fields (vocabulary from the tokenizer)
     decoding: dict[str, Any] = field(default_factory=lambda: {"beam_size": 5, "length_penalty": 1.0,
                                                               "max_len_a": 1.2, "max_len_b": 10})
@@ -201,8 +202,11 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
 
     train, valid = load_pair(r.train_source, r.train_target), load_pair(r.valid_source, r.valid_target)
     saved = resolve_checkpoint(Path(r.train.out_dir) / "last") if resume else None  # resume: its own BPE
-    tokenizer = distributed.on_main(lambda: Tokenizer.from_file(str(saved / "tokenizer.json")) if saved
+    given = saved / "tokenizer.json" if saved else resolve_data_path(r.tokenizer, data_dir)
+    tokenizer = distributed.on_main(lambda: Tokenizer.from_file(str(given)) if given
                                     else train_bpe(train.sources + train.targets, r.vocab_size))  # one BPE for all ranks
+    if given:
+        check_tokenizer(tokenizer, given)
     config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
                                   "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
     torch.manual_seed(r.train.seed)
@@ -240,15 +244,20 @@ def load_translator(directory: str | Path, device: str = "auto") -> Translator:
     directory, config = open_checkpoint(directory, "translation")
     model_config = TransformerConfig.from_dict(config["model"])
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    specials = {name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos"), BPE_SPECIAL_TOKENS)}
-    if tokenizer.get_vocab_size() != model_config.src_vocab_size or specials != {"pad": PAD, "bos": BOS, "eos": EOS}:
-        raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.get_vocab_size()} "
-                         f"tokens and special ids {specials}, the model has {model_config.src_vocab_size} tokens and "
-                         f"pad/bos/eos = {PAD}/{BOS}/{EOS}")
+    check_tokenizer(tokenizer, directory / "tokenizer.json", model_config.src_vocab_size)
     model = optimize(build_checked(directory, lambda: Transformer(model_config)))
     load_weights(model, directory)
     dev = resolve_device(device)
     return Translator(model.to(dev), tokenizer, config["decoding"], dev)
+
+
+def check_tokenizer(tokenizer: Tokenizer, path: str | Path, vocab_size: int | None = None) -> None:
+    """A translation tokenizer has <pad>, <s>, </s> at ids 0, 1, 2 (and the model's vocabulary size)."""
+    specials = {name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos"), BPE_SPECIAL_TOKENS)}
+    if specials != {"pad": PAD, "bos": BOS, "eos": EOS} or vocab_size not in (None, tokenizer.get_vocab_size()):
+        raise ValueError(f"{path} does not belong to this model: {tokenizer.get_vocab_size()} tokens and special ids "
+                         f"{specials}; expected pad/bos/eos = {PAD}/{BOS}/{EOS}"
+                         + (f" and {vocab_size} tokens" if vocab_size is not None else ""))
 
 
 def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:
