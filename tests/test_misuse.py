@@ -78,7 +78,19 @@ def test_run_checks_come_before_any_data_work(tmp_path: Path, capsys) -> None:
     assert code == 2 and "holds an earlier run (best, metrics.jsonl)" in err and "--overwrite" in err
     code, err = cli([*base, "--overwrite"], capsys)  # now the run may start: it fails on the data
     assert code == 2 and "data file not found" in err
-    assert not (tmp_path / "run" / "best").exists()  # the earlier run was replaced
+    assert (tmp_path / "run" / "best").exists()  # replaced only once training starts: not lost to a typo
+
+
+def test_overwrite_replaces_the_earlier_run_when_training_starts(tmp_path: Path) -> None:
+    recipe = tiny_classifier_recipe(tmp_path)
+    recipe.train.epochs = 1
+    train_classifier(recipe)
+    (tmp_path / "run" / "test_hypotheses.txt").write_text("left by an earlier run\n")
+    with pytest.raises(FileExistsError, match="holds an earlier run"):
+        train_classifier(recipe)
+    recipe.train.overwrite = True
+    train_classifier(recipe)
+    assert not (tmp_path / "run" / "test_hypotheses.txt").exists() and (tmp_path / "run" / "best").is_dir()
 
 
 # ---- bad recipes -------------------------------------------------------------------------------
@@ -115,10 +127,20 @@ def _classifier(**fields) -> ClassifierRecipe:
     (lambda: TranslationRecipe("a", "b", "c", "d", train=TrainConfig(best_metric="BLEU")), "best_metric"),
     (lambda: CaptioningRecipe(decoding={"max_len_b": 5}), r"decoding: unknown keys \['max_len_b'\]"),
     (lambda: CaptioningRecipe(model={"patch_size": 7}), "model: patch_size=7 must divide image_size=64"),
+    (lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam_size": 3.0}), "decoding.beam_size: expected a finite integer"),
 ])
 def test_recipes_are_checked_whole_before_any_work(build, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_valid_recipes_whose_sizes_come_from_the_data_are_accepted() -> None:
+    import numpy as np
+
+    CaptioningRecipe(data="folder", image_size=224, model={"patch_size": 14})  # 224 = 16 x 14
+    CaptioningRecipe(data="folder", model={"patch_size": 16})  # the images decide their size
+    CaptioningRecipe(data="cs231n", model={"patch_size": 7})  # features: no patches at all
+    assert TrainConfig(seed=-3, eval_every=np.int64(5)).eval_every == 5
 
 
 def test_recipe_files_name_themselves_in_errors(tmp_path: Path) -> None:
@@ -182,6 +204,18 @@ def test_a_tampered_config_is_refused_before_anything_is_allocated(checkpoint: P
     # d_ff of 10^9 would allocate 2 x 32 x 10^9 floats (256 GB) per layer if the model were built
     _edit_config(checkpoint, lambda c: c["model"]["encoder"].update(d_ff=10**9))
     with pytest.raises(ValueError, match="config.json does not fit model.safetensors: size mismatch"):
+        load_classifier(checkpoint, device="cpu")
+
+
+def test_a_config_with_more_layers_than_the_weights_is_refused_before_allocation(checkpoint: Path) -> None:
+    _edit_config(checkpoint, lambda c: c["model"]["encoder"].update(num_layers=40))  # the weights hold 1
+    with pytest.raises(ValueError, match=r"config.json does not fit model.safetensors: missing \['encoder.encoder.layers.1"):
+        load_classifier(checkpoint, device="cpu")
+
+
+def test_a_broken_tokenizer_file_is_named(checkpoint: Path) -> None:
+    (checkpoint / "tokenizer.json").write_text('{"version": ')
+    with pytest.raises(ValueError, match="tokenizer.json: not a tokenizer.json"):
         load_classifier(checkpoint, device="cpu")
 
 

@@ -89,7 +89,7 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device")
     parser.add_argument("--threads", type=_non_negative)
-    parser.add_argument("--seed", type=_non_negative)
+    parser.add_argument("--seed", type=int)
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last")
     parser.add_argument("--overwrite", action="store_true", default=None,
                         help="replace an earlier run in OUT (default: refuse to train over it)")
@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="train a tiny encoder-decoder on a synthetic task (offline, < 1 min)")
     demo.add_argument("--task", choices=["reverse", "sort"], default="reverse")
     demo.add_argument("--steps", type=_positive, default=700, help="training steps (default 700)")
-    demo.add_argument("--seed", type=_non_negative, default=0)
+    demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--threads", type=_non_negative, default=0, help="torch CPU threads (default: torch's choice)")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_demo)
@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     shapes = sub.add_parser("shapes", help="write rendered shape scenes as PNGs with a captions TSV")
     shapes.add_argument("--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout")
     shapes.add_argument("--count", type=_positive, default=8)
-    shapes.add_argument("--seed", type=_non_negative, default=0)
+    shapes.add_argument("--seed", type=int, default=0)
     shapes.add_argument("--out", default="shapes")
     shapes.set_defaults(func=_shapes)
 
@@ -438,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - every error becomes one line (the traceback behind --debug)
         if args.debug or os.environ.get("SCRATCHFORMER_DEBUG"):
             raise
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         print(f"error: {message}" + ("" if isinstance(e, (ValueError, TypeError, OSError)) else f" ({type(e).__name__}; "
               "--debug for the traceback)"), file=sys.stderr)
         return 2

@@ -93,7 +93,11 @@ class TextTokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return cls(Tokenizer.from_file(str(path)), max_length, pad_token, **kwargs)
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception  # noqa: BLE001
+            raise ValueError(f"{path}: not a tokenizer.json ({e})") from None
+        return cls(tokenizer, max_length, pad_token, **kwargs)
 
     def settings(self) -> dict[str, object]:
         """What to store beside tokenizer.json to rebuild this wrapper."""

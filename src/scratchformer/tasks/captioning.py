@@ -275,7 +275,11 @@ class CaptioningRecipe(Recipe):
         check_range(self, {"valid_size": 0, "min_count": 1, "batch_size": 1, "max_train": 1, "image_size": 1},
                     ("label_smoothing",))
         check_decoding(self.decoding, ("beam_size", "length_penalty"))
-        check_model_fields(CaptioningConfig, self.model, vocab_size=1000)
+        decided = ({"input": "features", "num_encoder_layers": 0} if self.data == "cs231n"  # the data decides these
+                   else {"image_size": self.image_size or (64 if self.data == "shapes" else None)})
+        if decided.get("image_size") is None:  # a folder of images of a size known only when read
+            decided["image_size"] = self.model.get("patch_size", 8)
+        check_model_fields(CaptioningConfig, {**self.model, **decided}, vocab_size=1000)
 
 
 def load_caption_splits(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/data"
@@ -368,7 +372,10 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
 def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
     directory, config = open_checkpoint(directory, "captioning")
     model_config = CaptioningConfig.from_dict(config["model"])
-    vocab = Vocabulary.from_json(json.loads((directory / "vocab.json").read_text()))
+    try:
+        vocab = Vocabulary.from_json(json.loads((directory / "vocab.json").read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as e:
+        raise ValueError(f"{directory / 'vocab.json'}: not a caption vocabulary ({e})") from None
     if len(vocab) != model_config.vocab_size:
         raise ValueError(f"{directory / 'vocab.json'} does not belong to this model: {len(vocab)} words, the model "
                          f"has {model_config.vocab_size}")

@@ -30,7 +30,7 @@ from scratchformer.training.checkpoint import build_checked, load_config, open_c
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.models.pooling import POOLING_MODES
-from scratchformer.tasks.common import check_batch, check_model_fields, check_range
+from scratchformer.tasks.common import check_batch, check_model_fields, check_range, read_tokenizer
 
 __all__ = [
     "ClassificationTask",
@@ -199,14 +199,18 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     else:
         # WordPiece training is not deterministic across processes (README): every rank takes rank 0's,
         # and a resumed run the one its weights were trained with.
-        saved = resolve_checkpoint(Path(c.train.out_dir) / "last") if resume else None
-        if saved is not None and load_config(saved).get("labels") != full.label_names:
-            raise ValueError(f"--resume: {saved} was trained with labels {load_config(saved).get('labels')}, "
-                             f"the data now gives {full.label_names}")
-        given = saved / "tokenizer.json" if saved else resolve_data_path(c.tokenizer, data_dir)
-        wordpiece = distributed.on_main(lambda: Tokenizer.from_file(str(given)) if given
-                                        else train_wordpiece(train.texts, c.vocab_size, c.lowercase))
-        tokenizer = TextTokenizer(wordpiece, c.max_length, truncation=c.truncation, head_length=c.head_length)
+        def wordpiece() -> Tokenizer:  # on rank 0 (the checkpoints are its files), sent to the others
+            if resume:
+                saved = resolve_checkpoint(Path(c.train.out_dir) / "last")
+                if load_config(saved).get("labels") != full.label_names:
+                    raise ValueError(f"--resume: {saved} was trained with labels {load_config(saved).get('labels')}, "
+                                     f"the data now gives {full.label_names}")
+                return read_tokenizer(saved / "tokenizer.json")
+            given = resolve_data_path(c.tokenizer, data_dir)
+            return read_tokenizer(given) if given else train_wordpiece(train.texts, c.vocab_size, c.lowercase)
+
+        tokenizer = TextTokenizer(distributed.on_main(wordpiece), c.max_length, truncation=c.truncation,
+                                  head_length=c.head_length)
         encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,
                                    "pad_id": tokenizer.pad_id})
         torch.manual_seed(c.train.seed)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from tokenizers import Tokenizer
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
+__all__ = ["check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids", "read_tokenizer"]
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:
@@ -43,12 +46,21 @@ def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = tuple(DE
         raise ValueError(f"decoding: unknown keys {unknown} (expected some of {list(allowed)})")
     for key, value in decoding.items():
         integer = DECODING_KEYS[key] is int
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or (integer and value != int(value)):
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not math.isfinite(value):
             raise ValueError(f"decoding.{key}: expected a finite {'integer' if integer else 'number'}, got {value!r}")
         low = {"beam_size": 1, "max_len_a": 0, "max_len_b": 0}.get(key)
         if low is not None and value < low:
             raise ValueError(f"decoding.{key} must be >= {low}, got {value!r}")
+
+
+def read_tokenizer(path: str | Path) -> Tokenizer:
+    """A Hugging Face ``tokenizer.json``; a missing or unreadable file is an error naming it."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"tokenizer file not found: {path}")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception  # noqa: BLE001
+        raise ValueError(f"{path}: not a tokenizer.json ({e})") from None
 
 
 def check_batch(batch_size: int, beam_size: int | None = None) -> None:

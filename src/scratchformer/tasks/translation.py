@@ -29,7 +29,7 @@ from scratchformer.training.checkpoint import build_checked, open_checkpoint, re
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.generation import beam_search, greedy_decode
-from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
+from scratchformer.tasks.common import check_batch, check_decoding, read_tokenizer, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.tools.attention_maps import plot_attention, record_attention
 
 __all__ = [
@@ -201,12 +201,16 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
         return load_parallel_texts(resolve_data_path(source, data_dir), resolve_data_path(target, data_dir))  # type: ignore[arg-type]
 
     train, valid = load_pair(r.train_source, r.train_target), load_pair(r.valid_source, r.valid_target)
-    saved = resolve_checkpoint(Path(r.train.out_dir) / "last") if resume else None  # resume: its own BPE
-    given = saved / "tokenizer.json" if saved else resolve_data_path(r.tokenizer, data_dir)
-    tokenizer = distributed.on_main(lambda: Tokenizer.from_file(str(given)) if given
-                                    else train_bpe(train.sources + train.targets, r.vocab_size))  # one BPE for all ranks
-    if given:
+    def bpe() -> Tokenizer:  # on rank 0 (the checkpoints are its files); one BPE for all ranks
+        given = (resolve_checkpoint(Path(r.train.out_dir) / "last") / "tokenizer.json" if resume  # its own BPE
+                 else resolve_data_path(r.tokenizer, data_dir))
+        if not given:
+            return train_bpe(train.sources + train.targets, r.vocab_size)
+        tokenizer = read_tokenizer(given)
         check_tokenizer(tokenizer, given)
+        return tokenizer
+
+    tokenizer = distributed.on_main(bpe)
     config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
                                   "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
     torch.manual_seed(r.train.seed)
@@ -243,7 +247,7 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:
     directory, config = open_checkpoint(directory, "translation")
     model_config = TransformerConfig.from_dict(config["model"])
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer = read_tokenizer(directory / "tokenizer.json")
     check_tokenizer(tokenizer, directory / "tokenizer.json", model_config.src_vocab_size)
     model = optimize(build_checked(directory, lambda: Transformer(model_config)))
     load_weights(model, directory)

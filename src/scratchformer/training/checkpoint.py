@@ -135,11 +135,22 @@ def build_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.M
         skeleton = build()
     with safe_open(str(path), framework="pt") as f:
         shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    aliases: dict[int, set[str]] = {}  # tied tensors are stored once, under one of their names
+    for name, tensor in skeleton.state_dict(keep_vars=True).items():
+        aliases.setdefault(id(tensor), set()).add(name)
     try:
-        skeleton.load_state_dict({k: torch.empty(s, device="meta") for k, s in shapes.items()}, strict=False, assign=True)
+        missing, unexpected = skeleton.load_state_dict({k: torch.empty(s, device="meta") for k, s in shapes.items()},
+                                                       strict=False, assign=True)
     except RuntimeError as e:
         raise ValueError(f"{directory}: config.json does not fit model.safetensors: "
                          + "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())) from None
+    group = {name: names for names in aliases.values() for name in names}
+    loaded = set(group) - set(missing)
+    missing = [n for n in missing if not group.get(n, {n}) & loaded]  # a tied alias of a loaded tensor is fine
+    if missing or unexpected:
+        raise ValueError(f"{directory}: config.json does not fit model.safetensors: missing {sorted(missing)[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}, unexpected {sorted(unexpected)[:5]}"
+                         f"{' ...' if len(unexpected) > 5 else ''}")
     return build()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import os
 import random
 import shutil
@@ -127,9 +128,10 @@ class TrainConfig:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ValueError(f"lr must be positive, got {self.lr}")
-        for name in ("eval_every", "save_every", "keep_checkpoints", "warmup_steps", "threads", "seed"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        for name in ("eval_every", "save_every", "keep_checkpoints", "warmup_steps", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be positive (or null: no clipping), got {self.grad_clip}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -181,26 +183,32 @@ class TrainResult:
 RUN_OUTPUTS = ("last", "last.old", "best", "best.old", "averaged", "metrics.jsonl", "report.json", "curves.png")
 
 
+def earlier_run(out_dir: str | Path) -> list[str]:
+    """What an earlier run left in ``out_dir`` (checkpoints, log, report, test outputs)."""
+    out = Path(out_dir)
+    return sorted(p.name for p in out.glob("*") if p.name in RUN_OUTPUTS or p.name.startswith("step-")
+                  or p.name.endswith(("_hypotheses.txt", "_captions.txt"))) if out.is_dir() else []
+
+
 def check_run(config: TrainConfig, resume: bool) -> None:
     """What a run needs before any work starts (the tasks call this first; so does the Trainer):
     the device exists, the precision suits it, and ``out_dir`` is fit for a fresh run (no earlier
-    run there, unless ``overwrite``, which removes it) or for ``resume`` (a checkpoint to resume)."""
+    run there, unless ``overwrite``: the Trainer removes it when training starts) or for
+    ``resume``. The output directory is rank 0's (other machines need no copy): rank 0 checks it
+    and every rank gets its verdict."""
     device = resolve_device(config.device)
     if config.precision == "fp16" and device.type != "cuda":
         raise ValueError("precision 'fp16' needs a CUDA device (GradScaler); use 'bf16' on CPU")
-    out = Path(config.out_dir)
-    earlier = sorted(p.name for p in out.glob("*") if p.name in RUN_OUTPUTS or p.name.startswith("step-")) \
-        if out.is_dir() else []
+    distributed.on_main(lambda: _check_out_dir(Path(config.out_dir), resume, config.overwrite))
+
+
+def _check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     if resume:
         if not (out / "last" / "training_state.pt").is_file() and not (out / "last.old" / "training_state.pt").is_file():
             raise FileNotFoundError(f"--resume: no resumable checkpoint in {out} (expected {out / 'last'})")
-    elif earlier and not config.overwrite:
-        raise FileExistsError(f"{out} holds an earlier run ({', '.join(earlier)}): resume it (--resume), replace it "
-                              "(--overwrite / overwrite=True) or choose another output directory")
-    elif earlier and distributed.world().is_main:
-        for name in earlier:
-            path = out / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    elif earlier_run(out) and not overwrite:
+        raise FileExistsError(f"{out} holds an earlier run ({', '.join(earlier_run(out))}): resume it (--resume), "
+                              "replace it (--overwrite / overwrite=True) or choose another output directory")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -380,7 +388,11 @@ class Trainer:
         random.seed(c.seed + self.world.rank)
         model = self.model.to(self.device)
         model.train()
-        check_run(c, resume)  # (the tasks ran it already, before their data work: then it finds nothing new)
+        check_run(c, resume)  # (the tasks ran it already, before their data work)
+        if not resume and c.overwrite and main:  # replace the earlier run now that this one starts
+            for name in earlier_run(self.out_dir):
+                path = self.out_dir / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
         state = self._resume_state() if resume else None
         train_model = self._wrap(model)
         ddp = train_model if isinstance(train_model, DistributedDataParallel) else None
