@@ -16,7 +16,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torch import Tensor
 
-__all__ = ["BPE_SPECIAL_TOKENS", "SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "train_bpe", "train_wordpiece"]
+__all__ = ["BPE_SPECIAL_TOKENS", "SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "read_tokenizer", "train_bpe", "train_wordpiece"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BPE_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3: pad, BOS, EOS, unknown
@@ -90,14 +90,7 @@ class TextTokenizer:
     @classmethod
     def from_file(cls, path: str | Path, max_length: int, pad_token: str | None = None, **kwargs) -> TextTokenizer:
         """Load a ``tokenizer.json`` (keyword arguments as the constructor's)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file not found: {path}")
-        try:
-            tokenizer = Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception  # noqa: BLE001
-            raise ValueError(f"{path}: not a tokenizer.json ({e})") from None
-        return cls(tokenizer, max_length, pad_token, **kwargs)
+        return cls(read_tokenizer(path), max_length, pad_token, **kwargs)
 
     def settings(self) -> dict[str, object]:
         """What to store beside tokenizer.json to rebuild this wrapper."""
@@ -142,6 +135,16 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def read_tokenizer(path: str | Path) -> Tokenizer:
+    """A Hugging Face ``tokenizer.json``; a missing or unreadable file is an error naming it."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"tokenizer file not found: {path}")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception  # noqa: BLE001
+        raise ValueError(f"{path}: not a tokenizer.json ({e})") from None
 
 
 def train_wordpiece(

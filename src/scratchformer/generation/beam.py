@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from scratchformer.generation.interface import EncoderDecoder, max_decode_length, start_decoding
+from scratchformer.generation.interface import EncoderDecoder, check_logits, max_decode_length, start_decoding
 
 __all__ = ["Hypothesis", "beam_search"]
 
@@ -70,8 +70,7 @@ def beam_search(
     steps = max_decode_length(model, src.shape[1], max_len_a, max_len_b)
     for step in range(steps):
         logits = model.decode(tokens[:, -1:], memory, src_padding_mask, cache=cache)[:, -1].float()
-        if bool(torch.isnan(logits).any()):
-            raise FloatingPointError(f"decoding: the model's logits are NaN at step {step} (check its weights)")
+        check_logits(logits, step)
         log_probs = torch.log_softmax(logits, dim=-1).index_fill(1, never, float("-inf"))  # (B*k, V)
         if step == steps - 1:  # the length limit: every live hypothesis ends here
             eos_column = log_probs[:, eos_id].clone()

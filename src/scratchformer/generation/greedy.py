@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from scratchformer.generation.interface import EncoderDecoder, max_decode_length, start_decoding
+from scratchformer.generation.interface import EncoderDecoder, check_logits, max_decode_length, start_decoding
 
 __all__ = ["greedy_decode"]
 
@@ -51,8 +51,7 @@ def greedy_decode(
             logits = model.decode(tokens[:, -1:], memory, src_padding_mask, cache=cache)[:, -1]
         else:
             logits = model.decode(tokens, memory, src_padding_mask)[:, -1]
-        if bool(torch.isnan(logits).any()):
-            raise FloatingPointError(f"decoding: the model's logits are NaN at step {step} (check its weights)")
+        check_logits(logits, step)
         all_logits.append(logits)
         next_token = logits.index_fill(1, never, float("-inf")).argmax(dim=-1)
         if step == steps - 1:

@@ -18,7 +18,7 @@ from torch import Tensor
 from scratchformer.core.decoder import Decoder
 from scratchformer.generation.cache import DecoderCache
 
-__all__ = ["EncoderDecoder", "max_decode_length", "start_decoding"]
+__all__ = ["EncoderDecoder", "check_logits", "max_decode_length", "start_decoding"]
 
 
 class EncoderDecoder(Protocol):
@@ -40,6 +40,12 @@ class EncoderDecoder(Protocol):
 def max_decode_length(model: EncoderDecoder, src_len: int, max_len_a: float, max_len_b: int) -> int:
     """New tokens allowed for a source of ``src_len``: a * S + b (fairseq), within the model's max_len."""
     return max(1, min(int(max_len_a * src_len + max_len_b), model.config.max_len - 1))
+
+
+def check_logits(logits: Tensor, step: int) -> None:
+    """NaN next-token scores end decoding with an error (argmax or top-k would pick garbage)."""
+    if bool(torch.isnan(logits).any()):
+        raise FloatingPointError(f"decoding: the model's logits are NaN at step {step} (check its weights)")
 
 
 def start_decoding(

@@ -36,8 +36,8 @@ from scratchformer.data.captions import (
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.generation import beam_search, greedy_decode
 from scratchformer.models.patch_embedding import PatchEmbedding
-from scratchformer.training import TrainConfig, Trainer, check_run, distributed, load_weights, resolve_device
-from scratchformer.training.checkpoint import build_checked, open_checkpoint
+from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
+from scratchformer.training.checkpoint import load_checked, open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.fast import optimize
@@ -379,7 +379,6 @@ def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
     if len(vocab) != model_config.vocab_size:
         raise ValueError(f"{directory / 'vocab.json'} does not belong to this model: {len(vocab)} words, the model "
                          f"has {model_config.vocab_size}")
-    model = optimize(build_checked(directory, lambda: CaptioningTransformer(model_config)))
-    load_weights(model, directory)
+    model = optimize(load_checked(directory, lambda: CaptioningTransformer(model_config)))
     dev = resolve_device(device)
     return Captioner(model.to(dev), vocab, config["decoding"], dev)

@@ -24,13 +24,13 @@ from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.data.labelled_texts import LabelledTexts, load_labelled_texts
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.data.tokenization import TRUNCATIONS, TextTokenizer, train_wordpiece
-from scratchformer.training import TrainConfig, Trainer, check_run, distributed, load_weights, resolve_device
-from scratchformer.training.checkpoint import build_checked, load_config, open_checkpoint, resolve_checkpoint
+from scratchformer.data.tokenization import TRUNCATIONS, TextTokenizer, read_tokenizer, train_wordpiece
+from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
+from scratchformer.training.checkpoint import load_checked, load_config, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.models.pooling import POOLING_MODES
-from scratchformer.tasks.common import check_batch, check_model_fields, check_range, read_tokenizer
+from scratchformer.tasks.common import check_batch, check_model_fields, check_range
 
 __all__ = [
     "ClassificationTask",
@@ -202,8 +202,9 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
         def wordpiece() -> Tokenizer:  # on rank 0 (the checkpoints are its files), sent to the others
             if resume:
                 saved = resolve_checkpoint(Path(c.train.out_dir) / "last")
-                if load_config(saved).get("labels") != full.label_names:
-                    raise ValueError(f"--resume: {saved} was trained with labels {load_config(saved).get('labels')}, "
+                labels = load_config(saved).get("labels")
+                if labels != full.label_names:
+                    raise ValueError(f"--resume: {saved} was trained with labels {labels}, "
                                      f"the data now gives {full.label_names}")
                 return read_tokenizer(saved / "tokenizer.json")
             given = resolve_data_path(c.tokenizer, data_dir)
@@ -285,7 +286,6 @@ def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassi
     if len(labels) != model_config.num_classes or len(set(labels)) != len(labels):
         raise ValueError(f"{directory / 'config.json'}: labels {labels} do not match the model's "
                          f"{model_config.num_classes} classes")
-    model = optimize(build_checked(directory, lambda: TextClassifier(model_config)))
-    load_weights(model, directory)
+    model = optimize(load_checked(directory, lambda: TextClassifier(model_config)))
     dev = resolve_device(device)
     return LoadedClassifier(model.to(dev).eval(), tokenizer, labels, dev)

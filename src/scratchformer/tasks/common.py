@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-from tokenizers import Tokenizer
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids", "read_tokenizer"]
+__all__ = ["check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:
@@ -53,29 +50,22 @@ def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = tuple(DE
             raise ValueError(f"decoding.{key} must be >= {low}, got {value!r}")
 
 
-def read_tokenizer(path: str | Path) -> Tokenizer:
-    """A Hugging Face ``tokenizer.json``; a missing or unreadable file is an error naming it."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"tokenizer file not found: {path}")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception  # noqa: BLE001
-        raise ValueError(f"{path}: not a tokenizer.json ({e})") from None
+def _check_integer(name: str, value: Any, low: int) -> None:
+    """``value`` is None or an integer (not a bool) >= ``low``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def check_batch(batch_size: int, beam_size: int | None = None) -> None:
     """Decoding/inference arguments: batch_size >= 1 and beam_size >= 1 (if given)."""
-    for name, value in (("batch_size", batch_size), ("beam_size", beam_size)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    _check_integer("batch_size", batch_size, 1)
+    _check_integer("beam_size", beam_size, 1)
 
 
 def check_range(recipe: object, at_least: dict[str, int], fractions: tuple[str, ...] = ()) -> None:
     """Integer fields of ``recipe`` must be >= their bound; ``fractions`` must be in [0, 1)."""
     for name, low in at_least.items():
-        value = getattr(recipe, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        _check_integer(name, getattr(recipe, name), low)
     for name in fractions:
         if not 0.0 <= getattr(recipe, name) < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {getattr(recipe, name)}")

@@ -23,13 +23,13 @@ from torch.nn import functional as F
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
-from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, train_bpe
-from scratchformer.training import TrainConfig, Trainer, check_run, distributed, load_weights, resolve_device
-from scratchformer.training.checkpoint import build_checked, open_checkpoint, resolve_checkpoint
+from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, train_bpe
+from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
+from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.generation import beam_search, greedy_decode
-from scratchformer.tasks.common import check_batch, check_decoding, read_tokenizer, check_model_fields, check_range, label_smoothed_loss, pad_ids
+from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.tools.attention_maps import plot_attention, record_attention
 
 __all__ = [
@@ -249,8 +249,7 @@ def load_translator(directory: str | Path, device: str = "auto") -> Translator:
     model_config = TransformerConfig.from_dict(config["model"])
     tokenizer = read_tokenizer(directory / "tokenizer.json")
     check_tokenizer(tokenizer, directory / "tokenizer.json", model_config.src_vocab_size)
-    model = optimize(build_checked(directory, lambda: Transformer(model_config)))
-    load_weights(model, directory)
+    model = optimize(load_checked(directory, lambda: Transformer(model_config)))
     dev = resolve_device(device)
     return Translator(model.to(dev), tokenizer, config["decoding"], dev)
 

@@ -13,7 +13,7 @@ save moves it back before anything is deleted). Temporaries of an interrupted sa
 the next save.
 
 Checked on load: ``config.json`` records the SHA-256 of ``model.safetensors``, verified before the
-weights are used (flipped bytes are an error, not values of 1e36); :func:`build_checked` compares
+weights are used (flipped bytes are an error, not values of 1e36); :func:`load_checked` compares
 the model a config describes with the tensor shapes in the file before allocating any memory.
 """
 
@@ -33,7 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
-__all__ = ["average_checkpoints", "build_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
+__all__ = ["average_checkpoints", "load_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
            "resolve_checkpoint", "save_checkpoint", "verified_weights"]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
@@ -126,10 +126,11 @@ def verified_weights(directory: str | Path) -> Path:
     return path
 
 
-def build_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()`` the model a checkpoint's config describes, but first on the meta device (no
-    memory), to compare its tensors with the shapes in ``model.safetensors``: a config that does
-    not fit its weights is an error before anything large is allocated."""
+def load_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` the model a checkpoint's config describes and load its weights (verified once).
+    The model is first built on the meta device (no memory) and compared with the shapes in
+    ``model.safetensors``: a config that does not fit its weights is an error before anything
+    large is allocated."""
     path = verified_weights(directory)
     with torch.device("meta"):
         skeleton = build()
@@ -151,7 +152,9 @@ def build_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.M
         raise ValueError(f"{directory}: config.json does not fit model.safetensors: missing {sorted(missing)[:5]}"
                          f"{' ...' if len(missing) > 5 else ''}, unexpected {sorted(unexpected)[:5]}"
                          f"{' ...' if len(unexpected) > 5 else ''}")
-    return build()
+    model = build()
+    _load_verified(model, path)
+    return model
 
 
 def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, Any]]:
@@ -165,7 +168,10 @@ def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, A
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:
     """Load ``model.safetensors`` into ``model``; a missing or unexpected tensor is an error."""
-    path = verified_weights(directory)
+    _load_verified(model, verified_weights(directory))
+
+
+def _load_verified(model: nn.Module, path: Path) -> None:
     missing, unexpected = load_model(model, str(path), strict=False)
     if missing or unexpected:
         raise ValueError(f"{path} does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
