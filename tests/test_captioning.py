@@ -241,17 +241,27 @@ def test_vocabulary_round_trip_and_unknown_words() -> None:
     assert Vocabulary.from_json(json.loads(json.dumps(vocab.to_json()))).words == vocab.words
 
 
-def test_caption_scores_use_every_reference() -> None:
-    from sacrebleu.metrics import BLEU
+def test_caption_scores_are_pycocoevalcap_against_every_reference() -> None:
+    """BLEU-1..4 and CIDEr-D equal the COCO caption evaluation code called directly on the same
+    tokenised text (lower case, punctuation removed), every reference of each image."""
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
 
-    hyps = ["a red circle above a blue square", "a small cat"]
-    refs = [["a blue square below a red circle", "a red circle above a blue square"], ["one small cat"]]
+    hyps = ["A red circle above a blue square.", "a small cat", "two dogs play in the snow"]
+    refs = [["a blue square below a red circle", "A red circle above a blue square ."], ["one small cat"],
+            ["Two dogs are playing in the snow.", "dogs in snow", "two brown dogs run through snow"]]
     scores = caption_scores(hyps, refs)
-    expected = BLEU().corpus_score(hyps, [[refs[0][0], refs[1][0]], [refs[0][1], refs[1][0]]]).score
-    assert scores["bleu4"] == pytest.approx(expected) and scores["exact_match"] == 0.5
-    assert caption_scores(hyps[:1], refs[:1])["bleu4"] == pytest.approx(100.0)
-    # normalised as the vocabulary sees text: case and attached punctuation do not count
+    res = {0: ["a red circle above a blue square"], 1: ["a small cat"], 2: ["two dogs play in the snow"]}
+    gts = {0: ["a blue square below a red circle", "a red circle above a blue square"], 1: ["one small cat"],
+           2: ["two dogs are playing in the snow", "dogs in snow", "two brown dogs run through snow"]}
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    cider, _ = Cider().compute_score(gts, res)
+    for n in range(4):
+        assert scores[f"bleu{n + 1}"] == pytest.approx(100 * bleu[n])
+    assert scores["cider"] == pytest.approx(100 * cider) and scores["exact_match"] == pytest.approx(1 / 3)
     assert caption_scores(["a small cat ."], [["A small cat."]])["exact_match"] == 1.0
+    with pytest.raises(ValueError, match="2 hypotheses for 1 reference lists"):
+        caption_scores(["a", "b"], [["a"]])
 
 
 # ---------------------------------------------------------------- training end to end, CLI

@@ -167,8 +167,12 @@ def _caption(args: argparse.Namespace) -> int:
     from scratchformer.tasks.captioning import load_captioner
 
     captioner = load_captioner(args.checkpoint, device=args.device)
+    photos = None
     try:
-        images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
+        if captioner.photos is not None:  # real photographs: any size, through the image encoder
+            images, photos = captioner.photo_features(args.images)
+        else:
+            images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
     for path, caption in zip(args.images, captioner.caption(images, beam_size=args.beam)):
@@ -177,8 +181,21 @@ def _caption(args: argparse.Namespace) -> int:
         out = Path(args.attention_png)
         for i, image in enumerate(images):
             target = out if len(images) == 1 else out.with_name(f"{out.stem}-{i}{out.suffix}")
-            captioner.plot_attention(image, target)
+            captioner.plot_attention(image, target, photo=None if photos is None else photos[i])
             print(f"attention: {target}", file=sys.stderr)
+    return 0
+
+
+def _features(args: argparse.Namespace) -> int:
+    from scratchformer.data.image_features import extract_image_features
+    from scratchformer.models.image_encoder import ImageEncoder
+    from scratchformer.training import resolve_device
+
+    device = resolve_device(args.device)
+    features = extract_image_features(args.images, args.out, ImageEncoder().to(device), batch_size=args.batch_size,
+                                      device=device, progress=not args.no_progress)
+    print(f"{args.out}: {len(features.names)} images, regions {tuple(features.regions.shape)}, "
+          f"pooled {tuple(features.pooled.shape)} ({features.description['encoder']})")
     return 0
 
 
@@ -286,16 +303,27 @@ def _print_scores(args: argparse.Namespace, scores: dict, line: str) -> int:
 
 def _evaluate_captioning(args: argparse.Namespace) -> int:
 
-    from scratchformer.data.captions import load_caption_folder
+    from scratchformer.data.caption_corpora import load_flickr8k, load_karpathy_json
+    from scratchformer.data.captions import CaptionExamples, load_caption_folder
     from scratchformer.tasks.captioning import load_captioner
 
-    if not (args.captions and args.images):
-        raise SystemExit("error: --captions TSV and --images DIR are required to evaluate a captioning model")
+    if not (args.flickr8k or args.karpathy or (args.captions and args.images)):
+        raise SystemExit("error: a captioning model is evaluated on --flickr8k DIR, --karpathy JSON --images DIR, "
+                         "or --captions TSV --images DIR")
+    if args.karpathy and not args.images:
+        raise SystemExit("error: --karpathy JSON needs --images DIR (the folder its file paths are under)")
     captioner = load_captioner(args.checkpoint, device=args.device)
-    examples, _ = load_caption_folder(args.captions, args.images, captioner.model.config.image_size
-                                      if captioner.model.config.input == "pixels" else None)
+    if args.flickr8k or args.karpathy:
+        corpus = (load_flickr8k(args.flickr8k, args.split or "dev") if args.flickr8k
+                  else load_karpathy_json(args.karpathy, args.images, args.split or "test"))
+        print(corpus.report(), file=sys.stderr)
+        examples = CaptionExamples(captioner.corpus_features(corpus, args.features), corpus.references)
+    else:
+        examples, _ = load_caption_folder(args.captions, args.images, captioner.model.config.image_size
+                                          if captioner.model.config.input == "pixels" else None)
     scores = captioner.evaluate(examples, beam_size=args.beam)
-    return _print_scores(args, scores, "BLEU-4 {bleu4:.2f}  exact match {exact_match:.1%}  ({n} images)")
+    return _print_scores(args, scores, "BLEU-1 {bleu1:.2f}  BLEU-2 {bleu2:.2f}  BLEU-3 {bleu3:.2f}  BLEU-4 {bleu4:.2f}  "
+                                       "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)")
 
 
 def _classify(args: argparse.Namespace) -> int:
@@ -359,20 +387,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_options(mt)
     mt.set_defaults(func=_train_translation)
 
-    cap = train.add_parser("captioner", help="image captioning (e.g. the built-in shape scenes) from a recipe")
+    cap = train.add_parser("captioner", help="image captioning from a recipe (Flickr8k photographs, the built-in shape scenes, ...)")
     cap.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/shapes_captioning.json)")
     _add_training_options(cap)
     cap.set_defaults(func=_train_captioner)
 
     caption = sub.add_parser("caption", help="caption image files with a captioning checkpoint")
     caption.add_argument("--checkpoint", required=True)
-    caption.add_argument("images", nargs="+", help="image files (PNG, JPEG)")
+    caption.add_argument("images", nargs="+", help="image files (a photo model: any size and format Pillow reads)")
     caption.add_argument("--beam", type=_positive, default=None, help="beam size (default: the recipe's; 1 = greedy)")
     caption.add_argument("--resize", action="store_true", help="resize images to the model's size (default: error)")
     caption.add_argument("--attention-png", help="write each word's cross-attention over the image here "
                          "(several images: NAME-0.png, NAME-1.png, ...)")
     caption.add_argument("--device", default="auto")
     caption.set_defaults(func=_caption)
+
+    features = sub.add_parser("features", help="image features of a folder of photographs (frozen EfficientNet-Lite0: "
+                              "7x7x1280 regions and the pooled vector) into a safetensors file; resumable")
+    features.add_argument("--images", required=True, help="folder of image files (any size, any format Pillow reads)")
+    features.add_argument("--out", required=True, help="the .safetensors file (images already in it are skipped)")
+    features.add_argument("--batch-size", type=_positive, default=32)
+    features.add_argument("--device", default="auto")
+    features.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    features.set_defaults(func=_features)
 
     shapes = sub.add_parser("shapes", help="write rendered shape scenes as PNGs with a captions TSV")
     shapes.add_argument("--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout")
@@ -397,13 +434,18 @@ def build_parser() -> argparse.ArgumentParser:
     attention.set_defaults(func=_attention)
 
     evaluate = sub.add_parser("evaluate", help="score a checkpoint: a classifier (accuracy, F1), a translator (BLEU, chrF) "
-                              "or a captioner (BLEU-4, exact match)")
+                              "or a captioner (BLEU-1..4, CIDEr-D, exact match)")
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--data", help="classifier: JSONL/CSV file with text and label")
     evaluate.add_argument("--source", help="translation: source sentences, one per line (.gz ok)")
     evaluate.add_argument("--reference", help="translation: reference translations, one per line")
     evaluate.add_argument("--captions", help="captioning: captions TSV (image_id<TAB>caption)")
-    evaluate.add_argument("--images", help="captioning: the folder of images or feature files")
+    evaluate.add_argument("--images", help="captioning: the folder of images or feature files (with --captions), "
+                          "or of the photos of --karpathy")
+    evaluate.add_argument("--flickr8k", help="captioning: a Flickr8k folder (Images/, captions.txt, split lists)")
+    evaluate.add_argument("--karpathy", help="captioning: a Karpathy split JSON (dataset_coco.json, ...)")
+    evaluate.add_argument("--split", help="captioning: the split of --flickr8k (default dev) or --karpathy (default test)")
+    evaluate.add_argument("--features", help="captioning: image features file to reuse (extracted into it if missing)")
     evaluate.add_argument("--beam", type=_positive, default=None, help="translation/captioning: beam size (default: the recipe's)")
     evaluate.add_argument("--output", help="translation/captioning: write the hypotheses here")
     evaluate.add_argument("--text-field", default="text")

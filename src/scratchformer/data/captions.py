@@ -28,7 +28,7 @@ from torch import Tensor
 from scratchformer.data.labelled_texts import open_text
 
 __all__ = ["CaptionExamples", "Vocabulary", "load_caption_folder", "load_cs231n_captions", "load_image",
-           "save_caption_folder", "tokenize_caption"]
+           "caption_words", "save_caption_folder", "tokenize_caption"]
 
 NULL, START, END, UNK = "<NULL>", "<START>", "<END>", "<UNK>"  # ids 0, 1, 2, 3, as in cs231n
 
@@ -36,6 +36,20 @@ NULL, START, END, UNK = "<NULL>", "<START>", "<END>", "<UNK>"  # ids 0, 1, 2, 3,
 def tokenize_caption(text: str) -> list[str]:
     """Lower-case words, punctuation as separate tokens: "A dog, running." -> a dog , running ."""
     return re.findall(r"[a-z0-9']+|[^\sa-z0-9']", text.lower())
+
+
+# The punctuation tokens COCO's evaluation removes after tokenising (pycocoevalcap's PTBTokenizer),
+# with the characters that its tokenizer turns into removed tokens (" -> `` or '', ( -> -LRB-, ...).
+PTB_PUNCTUATION = frozenset(["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":",
+                             "-", "--", "...", ";", '"', "(", ")", "[", "]", "{", "}"])
+_WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*|[^\sa-z0-9]")
+
+
+def caption_words(text: str) -> list[str]:
+    """The words captioning metrics compare, COCO's evaluation without its Java tokenizer: lower case,
+    punctuation split off and the PTB punctuation tokens removed; hyphenated words and words with an
+    apostrophe stay whole. "A dog, running." -> a dog running; "T-shirt" -> t-shirt."""
+    return [w for w in _WORD.findall(text.lower()) if w not in PTB_PUNCTUATION]
 
 
 @dataclass
@@ -46,14 +60,18 @@ class CaptionExamples:
         inputs: (N, C, H, W) uint8 or float images, (N, D_img) feature vectors or (N, R, D_img)
             region features.
         references: for each image, its reference captions (at least one).
+        photos: the image files the features were made from, where known (for figures).
     """
 
     inputs: Tensor
     references: list[list[str]]
+    photos: list[Path] | None = None  # the image files the features came from, where known
 
     def __post_init__(self) -> None:
         if len(self.inputs) != len(self.references):
             raise ValueError(f"{len(self.inputs)} inputs but {len(self.references)} caption lists")
+        if self.photos is not None and len(self.photos) != len(self.inputs):
+            raise ValueError(f"{len(self.inputs)} inputs but {len(self.photos)} photo paths")
         empty = [i for i, refs in enumerate(self.references) if not refs]
         if empty:
             raise ValueError(f"images without any caption: indices {empty[:5]}")
@@ -62,7 +80,8 @@ class CaptionExamples:
         return len(self.references)
 
     def subset(self, index: Sequence[int]) -> CaptionExamples:
-        return CaptionExamples(self.inputs[list(index)], [self.references[i] for i in index])
+        photos = None if self.photos is None else [self.photos[i] for i in index]
+        return CaptionExamples(self.inputs[list(index)], [self.references[i] for i in index], photos)
 
 
 class Vocabulary:

@@ -1,2 +1,3 @@
 """Models built from core/: the contextual (BERT-family) encoder, the text classifier, the image
-captioning Transformer with its patch embedding, and the pretrained-weight maps."""
+captioning Transformer with its patch embedding, the frozen pretrained image encoder, and the
+pretrained-weight maps."""

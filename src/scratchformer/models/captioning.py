@@ -4,7 +4,7 @@ The image becomes the decoder's *memory*; a masked Transformer decoder writes th
 word by word, attending to it:
 
     memory = Encoder(PatchEmbedding(pixels))      from pixels: a small ViT made of our layers
-    memory = Linear(features)                     from CNN features (N, D_img) or regions (N, R, D_img)
+    memory = Linear(features) [+ region positions] from CNN features (B, D_img) or regions (B, R, D_img)
     logits = Generator(Decoder(Embed(caption), memory))
 
 It has the encoder-decoder interface of :class:`~scratchformer.Transformer` (``encode``,
@@ -15,6 +15,7 @@ and :func:`~scratchformer.beam_search` caption images unchanged.
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,6 +40,8 @@ class CaptioningConfig(ModelConfig):
             (precomputed image features, projected to D).
         image_size, channels, patch_size: H = W, C and P of the images ("pixels").
         feature_dim: D_img of the features ("features").
+        num_regions: with region features (B, R, D_img), a learned position embedding for each of
+            the R regions (their place in the image's grid); 0: none (the regions are a set).
         num_encoder_layers: encoder layers over the patches or regions (0 with "features":
             the projected features are the memory, as in cs231n).
         num_decoder_layers: caption decoder layers.
@@ -48,7 +51,7 @@ class CaptioningConfig(ModelConfig):
 
     VOCABS = ("vocab_size",)
     SIZES = ("image_size", "channels", "patch_size", "feature_dim", "num_decoder_layers")
-    DEPTHS = ("num_encoder_layers",)
+    DEPTHS = ("num_encoder_layers", "num_regions")
 
     vocab_size: int
     _: KW_ONLY
@@ -57,6 +60,7 @@ class CaptioningConfig(ModelConfig):
     channels: int = 3
     patch_size: int = 8
     feature_dim: int = 512
+    num_regions: int = 0
     d_model: int = 256
     num_heads: int = 4
     d_ff: int = 1024
@@ -96,6 +100,8 @@ class CaptioningTransformer(nn.Module):
             if c.input == "pixels"
             else nn.Linear(c.feature_dim, c.d_model)  # cs231n's visual_projection
         )
+        if c.num_regions:
+            self.region_positions = nn.Parameter(torch.randn(c.num_regions, c.d_model) * 0.02)
         self.encoder = c.build_encoder(c.num_encoder_layers)
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         self.pos = c.build_positions()
@@ -128,7 +134,11 @@ class CaptioningTransformer(nn.Module):
             if images.dim() == 2:
                 images = images[:, None, :]  # one vector per image: a memory of length 1
             check_features("features", images, "(B, D_img) or (B, R, D_img)", c.feature_dim)
-            x = self.visual(images)
+            x = self.visual(images.to(self.visual.weight.dtype))  # features may be stored in float16
+            if c.num_regions:
+                if images.shape[1] != c.num_regions:
+                    raise ValueError(f"features: expected R={c.num_regions} regions (num_regions), got {tuple(images.shape)}")
+                x = x + self.region_positions
         return self.encoder(self.dropout(x))
 
     def decode(self, captions: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None,
@@ -143,7 +153,15 @@ class CaptioningTransformer(nn.Module):
         x = self.dropout(self.pos(self.embed(captions), offset=offset))
         return self.generator(self.decoder(x, memory, memory_key_padding_mask=src_padding_mask, cache=cache))
 
-    def forward(self, images: Tensor, captions: Tensor) -> Tensor:
-        """Teacher forcing: images (see :meth:`encode`), captions (B, T) starting with <START>
-        -> (B, T, V) logits of each next word."""
-        return self.decode(captions, self.encode(images))
+    def forward(self, images: Tensor, captions: Tensor, captions_per_image: int | Sequence[int] = 1) -> Tensor:
+        """Teacher forcing: images (see :meth:`encode`), captions (B', T) starting with <START>
+        -> (B', T, V) logits of each next word. With several captions of each image (B' =
+        sum of ``captions_per_image``, in image order), each image is encoded once."""
+        memory = self.encode(images)
+        if captions_per_image != 1:
+            counts = torch.as_tensor(captions_per_image).expand(memory.shape[0])
+            if int(counts.sum()) != captions.shape[0]:
+                raise ValueError(f"captions_per_image: sums to {int(counts.sum())} for {memory.shape[0]} images, "
+                                 f"but there are B'={captions.shape[0]} captions")
+            memory = memory.repeat_interleave(counts.to(memory.device), dim=0, output_size=captions.shape[0])
+        return self.decode(captions, memory)

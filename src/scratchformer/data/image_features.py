@@ -1,0 +1,172 @@
+"""Image features on disk: one safetensors file per image set, made once by a frozen encoder.
+
+    regions  (N, R, D_img) float16   e.g. R = 49 (7 x 7) regions of D_img = 1280 for EfficientNet-Lite0
+    pooled   (N, D_img)    float16   the regions' mean
+    metadata: the format, the image names (JSON), and what made them: encoder, weights,
+              preprocessing, layer (the encoder's ``description``)
+
+:func:`extract_image_features` runs an encoder over a folder of photographs in batches with a progress
+bar. It is resumable: finished chunks are kept beside the output (``FILE.parts/``) until the file is
+written, and images already in FILE are skipped, so a killed run or a folder that grew costs only the
+new images. Features made by another encoder or preprocessing are refused, never mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["IMAGE_SUFFIXES", "ImageFeatures", "extract_image_features", "list_images", "load_image_features",
+           "load_photo", "save_image_features"]
+
+FORMAT = "scratchformer-image-features/1"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def load_photo(path: str | Path, size: int = 224) -> Tensor:
+    """Any image file Pillow reads -> (3, size, size) uint8 RGB: the shorter side resized to ``size``
+    (bilinear, antialiased), then the centre ``size`` x ``size`` crop. Errors name the file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as file:
+            rgb = file.convert("RGB")
+    except (OSError, UnidentifiedImageError, ValueError) as e:
+        raise ValueError(f"{path}: not an image Pillow can read ({e})") from None
+    w, h = rgb.size
+    scale = size / min(w, h)
+    new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+    if (new_w, new_h) != (w, h):
+        rgb = rgb.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    left, top = (new_w - size) // 2, (new_h - size) // 2
+    rgb = rgb.crop((left, top, left + size, top + size))
+    return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
+
+
+@dataclass
+class ImageFeatures:
+    """Features of named images (see the module docstring)."""
+
+    names: list[str]
+    regions: Tensor
+    pooled: Tensor
+    description: dict[str, str]
+
+    def __post_init__(self) -> None:
+        if not (len(self.names) == len(self.regions) == len(self.pooled)):
+            raise ValueError(f"{len(self.names)} names, {len(self.regions)} region rows, {len(self.pooled)} pooled rows")
+        self.row = {name: i for i, name in enumerate(self.names)}
+
+    def select(self, names: Sequence[str], memory: str = "regions") -> Tensor:
+        """The ``memory`` ("regions" (N, R, D_img) or "pooled" (N, D_img)) rows of ``names``, as stored (float16)."""
+        missing = [n for n in names if n not in self.row]
+        if missing:
+            raise KeyError(f"{len(missing)} of {len(names)} images have no features (first: {missing[:3]}); "
+                           "extract features for them first")
+        if memory not in ("regions", "pooled"):
+            raise ValueError(f"memory: expected 'regions' or 'pooled', got {memory!r}")
+        source = self.regions if memory == "regions" else self.pooled
+        return source[torch.tensor([self.row[n] for n in names], dtype=torch.long)]
+
+
+def check_same_encoder(found: dict[str, str], expected: dict[str, str], where: str) -> None:
+    """Refuse features from another encoder, weights or preprocessing than ``expected``."""
+    if found != expected:
+        diff = sorted(k for k in set(found) | set(expected) if found.get(k) != expected.get(k))
+        raise ValueError(f"{where}: features made by another encoder or preprocessing ({', '.join(diff)} differ: "
+                         f"{ {k: found.get(k) for k in diff} } vs { {k: expected.get(k) for k in diff} }); "
+                         "features from different encoders are never mixed: use another output file")
+
+
+def load_image_features(path: str | Path) -> ImageFeatures:
+    """Read a features file (see the module docstring); errors name the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"{path}: not a scratchformer image-features file (format {meta.get('format')!r})")
+            regions, pooled = f.get_tensor("regions"), f.get_tensor("pooled")
+    except (OSError, SafetensorError) as e:
+        raise ValueError(f"{path}: cannot read image features ({e})") from None
+    description = json.loads(meta["description"])
+    return ImageFeatures(json.loads(meta["names"]), regions, pooled, description)
+
+
+def save_image_features(path: str | Path, features: ImageFeatures) -> None:
+    """Write atomically (a temporary file renamed over ``path``)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    meta = {"format": FORMAT, "names": json.dumps(features.names), "description": json.dumps(features.description)}
+    save_file({"regions": features.regions.half().contiguous(), "pooled": features.pooled.half().contiguous()},
+              str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def list_images(folder: str | Path) -> list[str]:
+    """The image files directly in ``folder`` (by suffix), sorted by name."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such image folder")
+    return sorted(p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def extract_image_features(folder: str | Path, out: str | Path,
+                           encoder: Callable[[Tensor], tuple[Tensor, Tensor]],
+                           names: Sequence[str] | None = None, batch_size: int = 32, chunk_size: int = 512,
+                           device: str | torch.device = "cpu", progress: bool = True) -> ImageFeatures:
+    """Run ``encoder`` (photos (B, 3, S, S) uint8 -> (regions, pooled); it has ``describe()`` and
+    ``image_size``; on ``device``) over ``names`` (default: every image in ``folder``) and write them to ``out``
+    together with the images ``out`` already holds. Returns all of ``out``'s features."""
+    from tqdm import tqdm
+
+    folder, out = Path(folder), Path(out)
+    description = dict(encoder.describe())  # type: ignore[attr-defined]
+    names = list_images(folder) if names is None else list(dict.fromkeys(names))
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} images not found in {folder} (first: {missing[:3]})")
+    parts_dir = out.with_name(out.name + ".parts")
+    done: list[ImageFeatures] = []
+    if out.exists():
+        done.append(load_image_features(out))
+        check_same_encoder(done[0].description, description, str(out))
+    for part in sorted(parts_dir.glob("*.safetensors")) if parts_dir.is_dir() else []:
+        done.append(load_image_features(part))
+        check_same_encoder(done[-1].description, description, str(part))
+    seen = {n for f in done for n in f.names}
+    todo = [n for n in names if n not in seen]
+    with tqdm(total=len(todo), desc="image features", unit="img", disable=not progress) as bar:
+        for start in range(0, len(todo), chunk_size):
+            chunk = todo[start : start + chunk_size]
+            regions, pooled = [], []
+            for b in range(0, len(chunk), batch_size):
+                photos = torch.stack([load_photo(folder / n, encoder.image_size)  # type: ignore[attr-defined]
+                                      for n in chunk[b : b + batch_size]])
+                r, p = encoder(photos.to(device))
+                regions.append(r.half().cpu())
+                pooled.append(p.half().cpu())
+                bar.update(len(photos))
+            part = ImageFeatures(chunk, torch.cat(regions), torch.cat(pooled), description)
+            parts_dir.mkdir(parents=True, exist_ok=True)
+            save_image_features(parts_dir / f"{len(done):05d}.safetensors", part)
+            done.append(part)
+    if todo or len(done) > 1 or not out.exists():
+        merged = sorted((n, f, i) for f in done for i, n in enumerate(f.names))
+        regions = torch.stack([f.regions[i] for _, f, i in merged]) if merged else torch.zeros(0, 0, 0)
+        pooled = torch.stack([f.pooled[i] for _, f, i in merged]) if merged else torch.zeros(0, 0)
+        save_image_features(out, ImageFeatures([n for n, _, _ in merged], regions, pooled, description))
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    return load_image_features(out)

@@ -1,0 +1,368 @@
+"""Captioning real photographs: the frozen image encoder, feature files, the Flickr8k and Karpathy
+loaders, the COCO metrics, self-critical training, and the recipe/CLI end to end.
+
+Photos are written by the tests (random pictures) or, where ../shared/data/flickr8k exists, taken
+from there (skipped only where it is absent)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from scratchformer import CaptioningConfig, CaptioningTransformer
+from scratchformer.cli import main
+from scratchformer.data.caption_corpora import load_flickr8k, load_karpathy_json
+from scratchformer.data.captions import CaptionExamples, caption_words
+from scratchformer.data.image_features import extract_image_features, load_image_features, load_photo
+from scratchformer.generation import sample_decode
+from scratchformer.models.image_encoder import ImageEncoder
+from scratchformer.tasks.captioning import (
+    CaptioningRecipe,
+    CiderD,
+    SelfCriticalTask,
+    caption_scores,
+    load_captioner,
+    train_captioner,
+)
+from scratchformer.training import TrainConfig
+
+DATA = Path(os.environ.get("SCRATCHFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+FLICKR = DATA / "flickr8k"
+needs_flickr = pytest.mark.skipif(not (FLICKR / "captions.txt").is_file(), reason=f"no Flickr8k under {DATA}")
+DOG = "1001773457_577c3a7d70.jpg"  # two dogs on a road, in the train split
+
+
+@pytest.fixture(scope="module")
+def encoder() -> ImageEncoder:
+    return ImageEncoder()
+
+
+def write_photo(path: Path, size: tuple[int, int], seed: int) -> Path:
+    """A random smooth picture of ``size`` (W, H), saved in the format of the suffix."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    Image.fromarray(small).resize(size, Image.Resampling.BICUBIC).save(path)
+    return path
+
+
+class CountingEncoder:
+    """A cheap stand-in encoder (mean colour of 7x7 cells, D_img = 3) that counts the photos it sees."""
+
+    image_size = 224
+
+    def __init__(self, name: str = "counting"):
+        self.name, self.seen = name, 0
+
+    def describe(self) -> dict[str, str]:
+        return {"encoder": self.name, "preprocessing": "load_photo 224"}
+
+    def __call__(self, photos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.seen += len(photos)
+        cells = torch.nn.functional.avg_pool2d(photos.float(), 32).flatten(2).transpose(1, 2)  # (B, 49, 3)
+        return cells, cells.mean(1)
+
+
+# ---------------------------------------------------------------- the encoder and feature files
+
+
+def test_load_photo_resizes_the_shorter_side_and_crops_the_centre(tmp_path: Path) -> None:
+    from PIL import Image
+
+    wide = np.zeros((100, 300, 3), dtype=np.uint8)
+    wide[:, 100:200] = 255  # a white centre third
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    photo = load_photo(tmp_path / "wide.png")
+    assert photo.shape == (3, 224, 224) and photo.dtype == torch.uint8
+    # 100x300 -> 224x672, the centre 224 columns are the white third (edges blurred by resampling)
+    assert photo[:, :, 5:-5].min() == 255
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError, match="broken.jpg: not an image Pillow can read"):
+        load_photo(tmp_path / "broken.jpg")
+
+
+def test_encoder_features_are_deterministic_and_the_same_in_a_batch_as_alone(tmp_path: Path,
+                                                                             encoder: ImageEncoder) -> None:
+    photos = torch.stack([load_photo(write_photo(tmp_path / f"{i}.jpg", (260 + 40 * i, 224), i)) for i in range(3)])
+    regions, pooled = encoder(photos)
+    assert regions.shape == (3, 49, 1280) and pooled.shape == (3, 1280)
+    again, _ = encoder(photos)
+    assert torch.equal(regions, again)  # two runs
+    alone, alone_pooled = encoder(photos[1:2])
+    torch.testing.assert_close(alone[0], regions[1], atol=1e-4, rtol=1e-4)  # batch vs alone
+    torch.testing.assert_close(pooled, regions.mean(1))
+    assert regions.min() >= 0 and regions.max() <= 6  # ReLU6 of the head
+    with pytest.raises(ValueError, match=r"expected \(B, 3, 224, 224\) uint8"):
+        encoder(photos.float())
+
+
+@needs_flickr
+def test_the_pretrained_weights_are_real_a_dog_photo_is_a_dog(encoder: ImageEncoder) -> None:
+    """ImageNet classes 151-268 are the dog breeds: random weights would not land there."""
+    logits = encoder.classify(load_photo(FLICKR / "Images" / DOG)[None])
+    assert 151 <= int(logits.argmax()) <= 268, logits.topk(5)
+
+
+def test_feature_files_are_resumable_and_never_mix_encoders(tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(5):
+        write_photo(images / f"p{i}.{'png' if i % 2 else 'jpg'}", (240, 200 + 10 * i), i)
+    out = tmp_path / "features.safetensors"
+    counting = CountingEncoder()
+    first = extract_image_features(images, out, counting, names=["p0.jpg", "p1.png", "p2.jpg"], batch_size=2,
+                                   chunk_size=2, progress=False)
+    assert first.names == ["p0.jpg", "p1.png", "p2.jpg"] and counting.seen == 3
+    assert not (tmp_path / "features.safetensors.parts").exists()
+    every = extract_image_features(images, out, counting, progress=False)  # the folder: only the 2 new ones run
+    assert counting.seen == 5 and every.names == sorted(p.name for p in images.iterdir())
+    torch.testing.assert_close(every.select(["p1.png"]), first.select(["p1.png"]))
+    assert every.regions.dtype == torch.float16 and load_image_features(out).description == counting.describe()
+    # a run killed after its first chunk: the finished chunk is kept and not computed again
+    (tmp_path / "f2.safetensors.parts").mkdir()
+    partial = extract_image_features(images, tmp_path / "f2.safetensors.parts" / "00000.safetensors",
+                                     CountingEncoder(), names=["p3.png"], progress=False)
+    resumed = CountingEncoder()
+    assert len(extract_image_features(images, tmp_path / "f2.safetensors", resumed, progress=False).names) == 5
+    assert resumed.seen == 4 and partial.names == ["p3.png"]
+
+    with pytest.raises(ValueError, match="features made by another encoder.*encoder differ"):
+        extract_image_features(images, out, CountingEncoder("another"), progress=False)
+    with pytest.raises(KeyError, match="1 of 2 images have no features"):
+        every.select(["p0.jpg", "nope.jpg"])
+    (images / "bad.jpg").write_bytes(b"\xff\xd8 truncated")
+    with pytest.raises(ValueError, match="bad.jpg: not an image Pillow can read"):
+        extract_image_features(images, out, counting, progress=False)
+    with pytest.raises(FileNotFoundError, match="1 images not found"):
+        extract_image_features(images, out, counting, names=["missing.jpg"], progress=False)
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="junk.safetensors: cannot read image features"):
+        load_image_features(tmp_path / "junk.safetensors")
+
+
+# ---------------------------------------------------------------- loaders
+
+
+def write_flickr_folder(root: Path, token_file: bool = False) -> Path:
+    """Four images (one missing on disk) with captions (one empty) and train/dev split lists."""
+    (root / "Images").mkdir(parents=True)
+    for i in range(3):
+        write_photo(root / "Images" / f"im{i}.jpg", (64, 48), i)
+    rows = [("im0.jpg", "A dog runs, fast ."), ("im0.jpg", "a dog running"), ("im1.jpg", "two cats"),
+            ("im1.jpg", ""), ("im2.jpg", "a red car"), ("gone.jpg", "a missing photo")]
+    if token_file:
+        (root / "Flickr8k.token.txt").write_text("".join(f"{n}#{i}\t{c}\n" for i, (n, c) in enumerate(rows)))
+    else:
+        (root / "captions.txt").write_text("image,caption\n" + "".join(f'{n},"{c}"\n' for n, c in rows))
+    (root / "Flickr_8k.trainImages.txt").write_text("im0.jpg\nim1.jpg\ngone.jpg\nno-captions.jpg\n")
+    (root / "Flickr_8k.devImages.txt").write_text("im2.jpg\n")
+    return root
+
+
+@pytest.mark.parametrize("token_file", [False, True])
+def test_flickr8k_loader_counts_every_row_it_leaves_out(tmp_path: Path, token_file: bool) -> None:
+    root = write_flickr_folder(tmp_path / "f8", token_file)
+    train = load_flickr8k(root, "train")
+    assert train.names == ["im0.jpg", "im1.jpg"]
+    assert train.references == [["A dog runs, fast .", "a dog running"], ["two cats"]]
+    assert train.problems == {"empty caption": 1, "image file missing": 1, "image in the split list without captions": 1}
+    assert "left out: empty caption: 1, image file missing: 1" in train.report()
+    assert load_flickr8k(root, "dev").names == ["im2.jpg"] and len(load_flickr8k(root, "all")) == 3
+    with pytest.raises(FileNotFoundError, match="Flickr_8k.testImages.txt: the test split list is not there"):
+        load_flickr8k(root, "test")
+    with pytest.raises(ValueError, match="split: expected one of"):
+        load_flickr8k(root, "valid")
+    with pytest.raises(FileNotFoundError, match="not a Flickr8k folder"):
+        load_flickr8k(tmp_path)
+
+
+def test_karpathy_json_loader(tmp_path: Path) -> None:
+    (tmp_path / "val2014").mkdir()
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        write_photo(tmp_path / "val2014" / name, (32, 32), 0)
+    images = [
+        {"filepath": "val2014", "filename": "a.jpg", "split": "train", "sentences": [{"raw": "A cat."}, {"raw": " "}]},
+        {"filepath": "val2014", "filename": "b.jpg", "split": "restval", "sentences": [{"raw": "a dog"}]},
+        {"filepath": "val2014", "filename": "c.jpg", "split": "test", "sentences": [{"raw": "a bird"}]},
+        {"filepath": "val2014", "filename": "gone.jpg", "split": "train", "sentences": [{"raw": "lost"}]},
+    ]
+    path = tmp_path / "dataset_coco.json"
+    path.write_text(json.dumps({"images": images, "dataset": "coco"}))
+    train = load_karpathy_json(path, tmp_path, "train")  # restval joins train, as customary
+    assert train.names == ["val2014/a.jpg", "val2014/b.jpg"] and train.references == [["A cat."], ["a dog"]]
+    assert train.problems == {"empty caption": 1, "image file missing": 1}
+    assert load_karpathy_json(path, tmp_path, "test").references == [["a bird"]]
+    with pytest.raises(ValueError, match="no images of split 'val'"):
+        load_karpathy_json(path, tmp_path, "val")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad.json: not a Karpathy split JSON"):
+        load_karpathy_json(tmp_path / "bad.json", tmp_path)
+
+
+# ---------------------------------------------------------------- metrics and self-critical training
+
+
+def test_caption_words_follow_coco_tokenisation() -> None:
+    assert caption_words('A dog, in a T-shirt ("red") runs...') == ["a", "dog", "in", "a", "t-shirt", "red", "runs"]
+    assert caption_words("The dog's ball .") == ["the", "dog's", "ball"]
+
+
+def test_cider_d_reward_equals_pycocoevalcap() -> None:
+    refs = [["a dog runs on the grass .", "a brown dog is running", "the dog runs outside"],
+            ["two men play soccer", "men are playing football on a field"], ["a child climbs stairs", "a girl"]]
+    hyps = ["a dog is running on grass", "two men are playing soccer", "a girl in a pink dress"]
+    ours = CiderD(refs)
+    mean = sum(ours.score(h, i) for i, h in enumerate(hyps)) / len(hyps)
+    assert 100 * mean == pytest.approx(caption_scores(hyps, refs)["cider"], rel=1e-12)
+    assert ours.score("a dog runs on the grass", 0) > ours.score("a dog", 0) > ours.score("two men", 0)
+
+
+def features_model(**overrides) -> CaptioningTransformer:
+    args = {"vocab_size": 12, "input": "features", "feature_dim": 8, "num_regions": 4, "d_model": 32, "num_heads": 2,
+            "d_ff": 64, "num_encoder_layers": 1, "num_decoder_layers": 1, "dropout": 0.0, "max_len": 8}
+    return CaptioningTransformer(CaptioningConfig(**{**args, **overrides}))
+
+
+def test_several_captions_per_image_share_one_encoding() -> None:
+    torch.manual_seed(0)
+    model = features_model().eval()
+    images, captions = torch.randn(2, 4, 8).half(), torch.randint(0, 12, (5, 6))
+    together = model(images, captions, [2, 3])
+    apart = torch.cat([model(images[:1].expand(2, -1, -1), captions[:2]), model(images[1:].expand(3, -1, -1), captions[2:])])
+    torch.testing.assert_close(together, apart)
+    with pytest.raises(ValueError, match="captions_per_image: sums to 4 for 2 images, but there are B'=5"):
+        model(images, captions, [2, 2])
+    with pytest.raises(ValueError, match="expected R=4 regions"):
+        model(torch.randn(2, 3, 8), captions[:2])
+    with pytest.raises(ValueError, match="last dim 8"):
+        model(torch.randn(2, 4, 7), captions[:2])  # wrong feature width
+
+
+def test_sampling_is_seeded_and_a_peaked_model_samples_its_argmax() -> None:
+    torch.manual_seed(0)
+    model = features_model().eval()
+    images = torch.randn(3, 4, 8)
+    draw = lambda seed, t=1.0: sample_decode(model, images, bos_id=1, eos_id=2, num_samples=4, temperature=t,  # noqa: E731
+                                             max_len_a=0, max_len_b=6, generator=torch.Generator().manual_seed(seed))
+    assert draw(0).shape[0] == 12 and torch.equal(draw(0), draw(0))
+    assert not torch.equal(draw(0), draw(1))
+    from scratchformer import greedy_decode
+
+    greedy = greedy_decode(model, images, bos_id=1, eos_id=2, max_len_a=0, max_len_b=6)
+    cold = draw(0, t=1e-4).view(3, 4, -1)
+    for i in range(3):  # temperature -> 0 is greedy
+        for j in range(4):
+            row = cold[i, j][: greedy.shape[1]]
+            assert torch.equal(row, greedy[i][: len(row)])
+
+
+def test_self_critical_loss_reaches_every_decoder_weight() -> None:
+    """Samples drawn, rewarded by CIDEr-D against the mean of the image's other samples, and the
+    policy-gradient loss flows to the whole decoder."""
+    from scratchformer.data.captions import Vocabulary
+
+    torch.manual_seed(0)
+    vocab = Vocabulary.build(["a dog runs", "a cat sits", "two birds fly"])
+    train = CaptionExamples(torch.randn(3, 4, 8), [["a dog runs"], ["a cat sits"], ["two birds fly"]])
+    model = features_model(vocab_size=len(vocab))
+    task = SelfCriticalTask(vocab, train, train, model.config, 3, 0.0, {"beam_size": 1}, samples=4)
+    torch.manual_seed(1)
+    loss, tokens = task.loss(model, [(0, (0,)), (1, (0,)), (2, (0,))], torch.device("cpu"))
+    assert torch.isfinite(loss) and tokens > 0
+    loss.backward()
+    assert all(p.grad is not None for p in model.decoder.parameters())
+    with pytest.raises(ValueError, match="scst samples must be >= 2"):
+        SelfCriticalTask(vocab, train, train, model.config, 3, 0.0, {}, samples=1)
+
+
+# ---------------------------------------------------------------- recipe, training, CLI
+
+
+def photo_recipe(tmp_path: Path, root: Path, **changes) -> CaptioningRecipe:
+    return CaptioningRecipe(**{
+        "data": "flickr8k", "flickr8k_dir": str(root), "features": str(tmp_path / "features.safetensors"),
+        "splits": {"train": "train", "valid": "dev"}, "batch_size": 4, "captions_per_image": 2, "label_smoothing": 0.0,
+        "model": {"d_model": 64, "num_heads": 2, "d_ff": 128, "num_encoder_layers": 1, "num_decoder_layers": 1,
+                  "num_regions": 49, "dropout": 0.0, "max_len": 16},
+        "decoding": {"beam_size": 2},
+        "train": TrainConfig(out_dir=str(tmp_path / "run"), max_steps=120, lr=3e-3, warmup_steps=10, eval_every=120,
+                             best_metric="cider", best_mode="max", progress=False, device="cpu"),
+        **changes})
+
+
+@needs_flickr
+def test_a_few_real_photos_are_learned_to_exact_match(tmp_path: Path) -> None:
+    """Four shared-data photos, one caption each, through the real encoder: memorised in seconds."""
+    root = tmp_path / "f8"
+    (root / "Images").mkdir(parents=True)
+    corpus = load_flickr8k(FLICKR, "train")
+    rows = []
+    for name, refs in list(zip(corpus.names, corpus.references))[:4]:
+        (root / "Images" / name).symlink_to(FLICKR / "Images" / name)
+        rows.append(f'{name},"{refs[0]}"')
+    (root / "captions.txt").write_text("image,caption\n" + "\n".join(rows) + "\n")
+    names = "\n".join(corpus.names[:4]) + "\n"
+    (root / "Flickr_8k.trainImages.txt").write_text(names)
+    (root / "Flickr_8k.devImages.txt").write_text(names)
+    report = train_captioner(photo_recipe(tmp_path, root, captions_per_image=1))
+    assert report["best_valid"]["exact_match"] == 1.0, report["best_valid"]
+    assert report["valid"]["valid"]["beam2"]["exact_match"] == 1.0
+    assert (tmp_path / "run" / "valid_attention.png").stat().st_size > 0
+    assert (tmp_path / "run" / "valid_examples.png").stat().st_size > 0
+
+
+def test_photo_recipe_scst_and_the_cli_end_to_end(tmp_path: Path, capsys) -> None:
+    root = write_flickr_folder(tmp_path / "f8")
+    recipe = photo_recipe(tmp_path, root, scst={"steps": 4, "lr": 1e-4, "samples": 2, "eval_every": 2},
+                          train=TrainConfig(out_dir=str(tmp_path / "run"), max_steps=6, eval_every=3, progress=False,
+                                            best_metric="cider", best_mode="max", device="cpu"))
+    report = train_captioner(recipe)
+    assert set(report["best_valid"]) == {"xe", "scst"} and report["valid"]["valid"]["greedy"]["n"] == 1
+    assert (tmp_path / "run" / "scst" / "best" / "config.json").is_file()
+    checkpoint = str(tmp_path / "run" / "scst" / "best")
+    assert json.loads((Path(checkpoint) / "config.json").read_text())["photos"]["memory"] == "regions"
+
+    # any photo, any size and format: resized, cropped, encoded, captioned; attention over 7 x 7
+    photo = write_photo(tmp_path / "photo.png", (500, 333), 9)
+    assert main(["caption", "--checkpoint", checkpoint, str(photo), "--attention-png", str(tmp_path / "att.png")]) == 0
+    assert capsys.readouterr().out.startswith(f"{photo}\t")
+    assert (tmp_path / "att.png").stat().st_size > 0
+    (tmp_path / "broken.jpg").write_bytes(b"nope")
+    with pytest.raises(SystemExit, match="broken.jpg: not an image Pillow can read"):
+        main(["caption", "--checkpoint", checkpoint, str(tmp_path / "broken.jpg")])
+
+    assert main(["evaluate", "--checkpoint", checkpoint, "--flickr8k", str(root), "--split", "dev", "--json",
+                 "--features", str(tmp_path / "eval.safetensors")]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["n"] == 1 and {"bleu1", "bleu4", "cider"} <= set(scores)
+
+    assert main(["features", "--images", str(root / "Images"), "--out", str(tmp_path / "cli.safetensors"),
+                 "--no-progress"]) == 0
+    assert "3 images, regions (3, 49, 1280)" in capsys.readouterr().out
+    # features of another encoder are refused by the recipe
+    extract_image_features(root / "Images", tmp_path / "other.safetensors", CountingEncoder(), progress=False)
+    with pytest.raises(ValueError, match="features made by another encoder"):
+        train_captioner(photo_recipe(tmp_path, root, features=str(tmp_path / "other.safetensors"),
+                                     train=TrainConfig(out_dir=str(tmp_path / "run2"), max_steps=1, progress=False)))
+
+
+def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="data 'flickr8k' needs flickr8k_dir"):
+        CaptioningRecipe(data="flickr8k").validate()
+    with pytest.raises(ValueError, match="memory: expected 'regions' or 'pooled'"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", memory="grid").validate()
+    with pytest.raises(ValueError, match="scst: expected"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", scst={"steps": 0}).validate()
+    with pytest.raises(ValueError, match="captions_per_image"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", captions_per_image=0).validate()
+
+
+def test_committed_flickr8k_recipe_is_valid() -> None:
+    recipe = CaptioningRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "flickr8k.json")
+    assert recipe.data == "flickr8k" and recipe.memory == "regions" and recipe.captions_per_image == 5
