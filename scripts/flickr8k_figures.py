@@ -1,7 +1,7 @@
 """The README's Flickr8k figures: dev photographs with the model's captions and their references,
 and one photo's word-by-word cross-attention over its 7 x 7 regions.
 
-    python scripts/flickr8k_figures.py --checkpoint runs/flickr8k/scst/best --flickr8k ../shared/data/flickr8k
+    python scripts/flickr8k_figures.py --checkpoint runs/flickr8k/best --flickr8k ../shared/data/flickr8k
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from scratchformer.tasks.captioning import load_captioner, plot_caption_examples
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", default="runs/flickr8k/scst/best")
+    parser.add_argument("--checkpoint", default="runs/flickr8k/best")
     parser.add_argument("--flickr8k", default="../shared/data/flickr8k")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--out-dir", default="docs")

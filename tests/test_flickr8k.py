@@ -141,6 +141,19 @@ def test_feature_files_are_resumable_and_never_mix_encoders(tmp_path: Path) -> N
         extract_image_features(images, out, counting, progress=False)
     with pytest.raises(FileNotFoundError, match="1 images not found"):
         extract_image_features(images, out, counting, names=["missing.jpg"], progress=False)
+    (images / "bad.jpg").unlink()
+    # a file and a leftover chunk holding the same photo (a kill between the write and the clean-up)
+    leftover = tmp_path / "features.safetensors.parts"
+    leftover.mkdir()
+    extract_image_features(images, leftover / "00000.safetensors", CountingEncoder(), names=["p0.jpg"], progress=False)
+    again = extract_image_features(images, out, counting, names=["p0.jpg"], progress=False)
+    assert again.names.count("p0.jpg") == 1 and len(again.names) == 5 and not leftover.exists()
+    (images / "sub").mkdir()
+    write_photo(images / "sub" / "deep.jpg", (64, 64), 7)  # subfolders too, named as the caption loaders name them
+    assert "sub/deep.jpg" in extract_image_features(images, tmp_path / "sub.safetensors", counting, progress=False).names
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: no images to extract features from"):
+        extract_image_features(tmp_path / "empty", tmp_path / "e.safetensors", counting, progress=False)
     (tmp_path / "junk.safetensors").write_bytes(b"junk")
     with pytest.raises(ValueError, match="junk.safetensors: cannot read image features"):
         load_image_features(tmp_path / "junk.safetensors")
@@ -211,6 +224,12 @@ def test_karpathy_json_loader(tmp_path: Path) -> None:
 def test_caption_words_follow_coco_tokenisation() -> None:
     assert caption_words('A dog, in a T-shirt ("red") runs...') == ["a", "dog", "in", "a", "t-shirt", "red", "runs"]
     assert caption_words("The dog's ball .") == ["the", "dog's", "ball"]
+    # what the model writes (vocabulary words) is scored as the references are: a hyphenated word can match
+    from scratchformer.data.captions import Vocabulary
+
+    vocab = Vocabulary.build(["A man in a T-shirt, smiling ."])
+    written = vocab.decode(vocab.encode("A man in a T-shirt, smiling ."))
+    assert "t-shirt" in written.split() and caption_scores([written], [["A man in a T-shirt, smiling ."]])["exact_match"] == 1
 
 
 def test_cider_d_reward_equals_pycocoevalcap() -> None:
@@ -242,6 +261,10 @@ def test_several_captions_per_image_share_one_encoding() -> None:
         model(torch.randn(2, 3, 8), captions[:2])
     with pytest.raises(ValueError, match="last dim 8"):
         model(torch.randn(2, 4, 7), captions[:2])  # wrong feature width
+    with pytest.raises(ValueError, match="captions_per_image: 3 counts for B=2 images"):
+        model(images, captions, [2, 2, 1])
+    with pytest.raises(ValueError, match="num_regions=49 applies to region features"):
+        CaptioningConfig(vocab_size=12, input="pixels", num_regions=49)
 
 
 def test_sampling_is_seeded_and_a_peaked_model_samples_its_argmax() -> None:
@@ -325,6 +348,10 @@ def test_photo_recipe_scst_and_the_cli_end_to_end(tmp_path: Path, capsys) -> Non
     report = train_captioner(recipe)
     assert set(report["best_valid"]) == {"xe", "scst"} and report["valid"]["valid"]["greedy"]["n"] == 1
     assert (tmp_path / "run" / "scst" / "best" / "config.json").is_file()
+    with pytest.raises(FileExistsError, match="holds an earlier run"):  # checked before any work
+        train_captioner(recipe)
+    recipe.train.overwrite = True  # replaces both phases
+    assert set(train_captioner(recipe)["best_valid"]) == {"xe", "scst"}
     checkpoint = str(tmp_path / "run" / "scst" / "best")
     assert json.loads((Path(checkpoint) / "config.json").read_text())["photos"]["memory"] == "regions"
 
@@ -361,6 +388,10 @@ def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
         CaptioningRecipe(data="flickr8k", flickr8k_dir="x", scst={"steps": 0}).validate()
     with pytest.raises(ValueError, match="captions_per_image"):
         CaptioningRecipe(data="flickr8k", flickr8k_dir="x", captions_per_image=0).validate()
+    with pytest.raises(ValueError, match="model.num_regions: the pooled memory is one vector"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", memory="pooled", model={"num_regions": 49}).validate()
+    with pytest.raises(ValueError, match="splits.test: expected a split name or a list"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", splits={"train": "train", "valid": "dev", "test": 3}).validate()
 
 
 def test_committed_flickr8k_recipe_is_valid() -> None:

@@ -121,12 +121,17 @@ def load_karpathy_json(path: str | Path, image_dir: str | Path, split: str = "tr
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a Karpathy split JSON ({type(e).__name__}: {e})") from None
     splits = {"train": ("train", "restval")}.get(split, (split,))
+    if not isinstance(images, list) or not all(isinstance(im, dict) for im in images):
+        raise ValueError(f"{path}: not a Karpathy split JSON ('images' must be a list of objects)")
     known = {im.get("split") for im in images}
     if not known & set(splits):
         raise ValueError(f"{path}: no images of split {split!r} (it has {sorted(map(str, known))})")
     rows = []
-    for im in images:
-        if im.get("split") in splits:
-            name = "/".join(p for p in (im.get("filepath"), im["filename"]) if p)
-            rows += [(name, s.get("raw", "")) for s in im.get("sentences", [])] or [(name, "")]
+    try:
+        for im in images:
+            if im.get("split") in splits:
+                name = "/".join(p for p in (im.get("filepath"), im["filename"]) if p)
+                rows += [(name, s.get("raw", "")) for s in im.get("sentences", [])] or [(name, "")]
+    except (KeyError, AttributeError, TypeError) as e:
+        raise ValueError(f"{path}: an image entry without filename/sentences ({type(e).__name__}: {e})") from None
     return _collect(Path(image_dir), rows, None)

@@ -34,8 +34,9 @@ NULL, START, END, UNK = "<NULL>", "<START>", "<END>", "<UNK>"  # ids 0, 1, 2, 3,
 
 
 def tokenize_caption(text: str) -> list[str]:
-    """Lower-case words, punctuation as separate tokens: "A dog, running." -> a dog , running ."""
-    return re.findall(r"[a-z0-9']+|[^\sa-z0-9']", text.lower())
+    """Lower-case words, punctuation as separate tokens, hyphenated words whole (as the metrics'
+    :func:`caption_words` and COCO's PTB tokenizer keep them): "A dog, in a T-shirt." -> a dog , in a t-shirt ."""
+    return re.findall(r"[a-z0-9']+(?:-[a-z0-9']+)*|[^\sa-z0-9']", text.lower())
 
 
 # The punctuation tokens COCO's evaluation removes after tokenising (pycocoevalcap's PTBTokenizer),

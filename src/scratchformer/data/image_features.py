@@ -32,14 +32,15 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def load_photo(path: str | Path, size: int = 224) -> Tensor:
-    """Any image file Pillow reads -> (3, size, size) uint8 RGB: the shorter side resized to ``size``
-    (bilinear, antialiased), then the centre ``size`` x ``size`` crop. Errors name the file."""
-    from PIL import Image, UnidentifiedImageError
+    """Any image file Pillow reads -> (3, size, size) uint8 RGB: turned upright by its EXIF
+    orientation (phone photos), the shorter side resized to ``size`` (bilinear, antialiased), then
+    the centre ``size`` x ``size`` crop. Errors name the file."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
         with Image.open(path) as file:
-            rgb = file.convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError) as e:
+            rgb = ImageOps.exif_transpose(file).convert("RGB")
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
         raise ValueError(f"{path}: not an image Pillow can read ({e})") from None
     w, h = rgb.size
     scale = size / min(w, h)
@@ -94,12 +95,11 @@ def load_image_features(path: str | Path) -> ImageFeatures:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != FORMAT:
-                raise ValueError(f"{path}: not a scratchformer image-features file (format {meta.get('format')!r})")
+                raise ValueError(f"not a scratchformer image-features file (format {meta.get('format')!r})")
             regions, pooled = f.get_tensor("regions"), f.get_tensor("pooled")
-    except (OSError, SafetensorError) as e:
-        raise ValueError(f"{path}: cannot read image features ({e})") from None
-    description = json.loads(meta["description"])
-    return ImageFeatures(json.loads(meta["names"]), regions, pooled, description)
+        return ImageFeatures(json.loads(meta["names"]), regions, pooled, json.loads(meta["description"]))
+    except (OSError, SafetensorError, KeyError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: cannot read image features ({type(e).__name__}: {e})") from None
 
 
 def save_image_features(path: str | Path, features: ImageFeatures) -> None:
@@ -108,7 +108,7 @@ def save_image_features(path: str | Path, features: ImageFeatures) -> None:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers never share a temporary
     meta = {"format": FORMAT, "names": json.dumps(features.names), "description": json.dumps(features.description)}
     save_file({"regions": features.regions.half().contiguous(), "pooled": features.pooled.half().contiguous()},
               str(tmp), metadata=meta)
@@ -116,25 +116,29 @@ def save_image_features(path: str | Path, features: ImageFeatures) -> None:
 
 
 def list_images(folder: str | Path) -> list[str]:
-    """The image files directly in ``folder`` (by suffix), sorted by name."""
+    """The image files in ``folder`` and its subfolders (by suffix), as sorted relative paths
+    ("x.jpg", "val2014/y.jpg": the names the caption loaders give)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such image folder")
-    return sorted(p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
 
 
 def extract_image_features(folder: str | Path, out: str | Path,
                            encoder: Callable[[Tensor], tuple[Tensor, Tensor]],
                            names: Sequence[str] | None = None, batch_size: int = 32, chunk_size: int = 512,
                            device: str | torch.device = "cpu", progress: bool = True) -> ImageFeatures:
-    """Run ``encoder`` (photos (B, 3, S, S) uint8 -> (regions, pooled); it has ``describe()`` and
-    ``image_size``; on ``device``) over ``names`` (default: every image in ``folder``) and write them to ``out``
+    """Run ``encoder`` (photos (B, 3, H, W) uint8 -> (regions (B, R, D_img), pooled (B, D_img)); it has
+    ``describe()`` and ``image_size``; on ``device``) over ``names`` (default: every image in ``folder``) and write them to ``out``
     together with the images ``out`` already holds. Returns all of ``out``'s features."""
     from tqdm import tqdm
 
     folder, out = Path(folder), Path(out)
     description = dict(encoder.describe())  # type: ignore[attr-defined]
     names = list_images(folder) if names is None else list(dict.fromkeys(names))
+    if not names:
+        raise ValueError(f"{folder}: no images to extract features from (suffixes {', '.join(IMAGE_SUFFIXES)})")
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise FileNotFoundError(f"{len(missing)} images not found in {folder} (first: {missing[:3]})")
@@ -161,12 +165,19 @@ def extract_image_features(folder: str | Path, out: str | Path,
                 bar.update(len(photos))
             part = ImageFeatures(chunk, torch.cat(regions), torch.cat(pooled), description)
             parts_dir.mkdir(parents=True, exist_ok=True)
-            save_image_features(parts_dir / f"{len(done):05d}.safetensors", part)
+            number = max((int(p.stem) for p in parts_dir.glob("*.safetensors") if p.stem.isdigit()), default=-1) + 1
+            save_image_features(parts_dir / f"{number:05d}.safetensors", part)
             done.append(part)
     if todo or len(done) > 1 or not out.exists():
-        merged = sorted((n, f, i) for f in done for i, n in enumerate(f.names))
-        regions = torch.stack([f.regions[i] for _, f, i in merged]) if merged else torch.zeros(0, 0, 0)
-        pooled = torch.stack([f.pooled[i] for _, f, i in merged]) if merged else torch.zeros(0, 0)
-        save_image_features(out, ImageFeatures([n for n, _, _ in merged], regions, pooled, description))
-        shutil.rmtree(parts_dir, ignore_errors=True)
-    return load_image_features(out)
+        rows: dict[str, tuple[ImageFeatures, int]] = {}
+        for f in done:  # a name in the file and in a leftover chunk (a kill before the clean-up) counts once
+            for i, n in enumerate(f.names):
+                rows.setdefault(n, (f, i))
+        order = sorted(rows)
+        merged = ImageFeatures(order, torch.stack([rows[n][0].regions[rows[n][1]] for n in order]),
+                               torch.stack([rows[n][0].pooled[rows[n][1]] for n in order]), description)
+        save_image_features(out, merged)
+        if parts_dir.is_dir():
+            shutil.rmtree(parts_dir)
+        return merged
+    return done[0]

