@@ -28,8 +28,17 @@ def sample_decode(
 
     The source is encoded once; sample j of source i is row ``i * num_samples + j``.
 
+    Args:
+        model: an encoder-decoder (put it in eval mode first).
+        src: (B, S) source token ids, or what the model encodes (e.g. image features (B, R, D_img)).
+        bos_id, eos_id: start and end-of-sentence ids.
+        num_samples: sequences per source.  temperature: > 0; towards 0 it approaches greedy decoding.
+        src_padding_mask: (B, S) bool, True at real tokens (default: the model's).
+        max_len_a, max_len_b: at most ``a * S + b`` new tokens (within the model's ``max_len``).
+        generator: a ``torch.Generator`` on the model's device, for reproducible samples.
+
     Returns:
-        (B * num_samples, L) ids without the BOS, each ending with EOS (forced at the length
+        (B * num_samples, L) ids (L generated steps) without the BOS, each ending with EOS (forced at the length
         limit), then pad (or EOS when the config has no pad_id).
     """
     if num_samples < 1 or not temperature > 0:
