@@ -78,7 +78,8 @@ def _collect(image_dir: Path, rows: list[tuple[str, str]], wanted: list[str] | N
 def _read_flickr_captions(path: Path) -> list[tuple[str, str]]:
     """(image, caption) rows of ``captions.txt`` (CSV) or ``Flickr8k.token.txt`` (``name#n<TAB>caption``)."""
     with open_text(path) as f:
-        if path.suffix == ".txt" and path.name != "captions.txt" or "\t" in f.readline():
+        token_file = path.suffix == ".txt" and path.name != "captions.txt"  # Flickr8k.token.txt
+        if token_file or "\t" in f.readline():
             f.seek(0)
             rows = [line.rstrip("\n").split("\t", 1) for line in f if line.strip()]
             return [(re.sub(r"#\d+$", "", r[0].strip()), r[1] if len(r) > 1 else "") for r in rows]

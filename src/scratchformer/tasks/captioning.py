@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,10 +103,7 @@ class CiderD:
     """
 
     def __init__(self, references: Sequence[Sequence[str]], n: int = 4, sigma: float = 6.0):
-        import math
-        from collections import Counter
-
-        self.n, self.sigma, self.math = n, sigma, math
+        self.n, self.sigma = n, sigma
         tokenised = [[caption_words(r) for r in refs] for refs in references]
         self.df: Counter[tuple[str, ...]] = Counter()
         for refs in tokenised:
@@ -113,8 +112,6 @@ class CiderD:
         self.refs = [[self._vector(words) for words in refs] for refs in tokenised]
 
     def _ngrams(self, words: list[str]) -> Counter[tuple[str, ...]]:
-        from collections import Counter
-
         return Counter(tuple(words[i : i + k]) for k in range(1, self.n + 1) for i in range(len(words) - k + 1))
 
     def _vector(self, words: list[str]) -> tuple[list[dict[tuple[str, ...], float]], list[float], int]:
@@ -123,17 +120,17 @@ class CiderD:
         length = 0
         for gram, tf in self._ngrams(words).items():
             k = len(gram) - 1
-            vec[k][gram] = w = tf * (self.log_n - self.math.log(max(1.0, self.df[gram])))
+            vec[k][gram] = w = tf * (self.log_n - math.log(max(1.0, self.df[gram])))
             norm[k] += w * w
             length += tf if k == 1 else 0  # pycocoevalcap counts the length in bigrams
-        return vec, [self.math.sqrt(x) for x in norm], length
+        return vec, [math.sqrt(x) for x in norm], length
 
     def score(self, hypothesis: str, image: int) -> float:
         """CIDEr-D (x10, as pycocoevalcap: 10 = perfect consensus) of ``hypothesis`` for reference set ``image``."""
         vec, norm, length = self._vector(caption_words(hypothesis))
         total = 0.0
         for ref_vec, ref_norm, ref_length in self.refs[image]:
-            penalty = self.math.exp(-((length - ref_length) ** 2) / (2 * self.sigma**2))
+            penalty = math.exp(-((length - ref_length) ** 2) / (2 * self.sigma**2))
             for k in range(self.n):
                 value = sum(min(w, ref_vec[k].get(g, 0.0)) * ref_vec[k].get(g, 0.0) for g, w in vec[k].items())
                 if norm[k] and ref_norm[k]:
@@ -485,6 +482,11 @@ class CaptioningRecipe(Recipe):
         check_model_fields(CaptioningConfig, {**self.model, **decided}, vocab_size=1000)
 
 
+def training_vocabulary(splits: dict[str, CaptionExamples], min_count: int) -> Vocabulary:
+    """The caption vocabulary of the training split's references (words seen ``min_count`` times)."""
+    return Vocabulary.build((c for refs in splits["train"].references for c in refs), min_count)
+
+
 def load_caption_splits(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/data"
                         ) -> tuple[dict[str, CaptionExamples], Vocabulary]:
     """The recipe's splits ("train", "valid", and "test..." ones) and the vocabulary."""
@@ -493,7 +495,7 @@ def load_caption_splits(recipe: CaptioningRecipe, data_dir: str | Path = "../sha
         from scratchformer.data.shapes import shape_scene_splits
 
         splits = shape_scene_splits(**r.shapes)
-        return splits, Vocabulary.build((c for refs in splits["train"].references for c in refs), r.min_count)
+        return splits, training_vocabulary(splits, r.min_count)
     if r.data == "cs231n":
         if not r.cs231n_dir:
             raise ValueError("data 'cs231n' needs cs231n_dir")
@@ -510,7 +512,7 @@ def load_caption_splits(recipe: CaptioningRecipe, data_dir: str | Path = "../sha
     names = {"train": r.train_captions, "valid": r.valid_captions, "test": r.test_captions}
     splits = {name: load_caption_folder(resolve_data_path(tsv, data_dir), folder, r.image_size)[0]  # type: ignore[arg-type]
               for name, tsv in names.items() if tsv}
-    return splits, Vocabulary.build((c for refs in splits["train"].references for c in refs), r.min_count)
+    return splits, training_vocabulary(splits, r.min_count)
 
 
 def photo_corpora(recipe: CaptioningRecipe, data_dir: str | Path) -> dict[str, CaptionCorpus]:
@@ -545,9 +547,12 @@ def photo_feature_file(corpora: Sequence[CaptionCorpus], path: str | Path, devic
         encoder = ImageEncoder().to(resolve_device(device))
         return extract_image_features(folders.pop(), path, encoder, names=wanted, device=encoder.mean.device)
 
+    def extract_to_disk() -> None:  # under torchrun the features stay on disk, not broadcast
+        extract()
+
     if not distributed.world().distributed:
         return extract()
-    distributed.on_main(lambda: extract() and None)  # the features stay on disk, not broadcast
+    distributed.on_main(extract_to_disk)
     return load_image_features(path)
 
 
@@ -559,7 +564,7 @@ def load_photo_splits(recipe: CaptioningRecipe, data_dir: str | Path) -> tuple[d
     features = photo_feature_file(list(corpora.values()), resolve_data_path(path, data_dir), r.train.device)  # type: ignore[arg-type]
     splits = {key: CaptionExamples(features.select(c.names, r.memory), c.references, [c.image_dir / n for n in c.names])
               for key, c in corpora.items()}
-    return splits, Vocabulary.build((c for refs in splits["train"].references for c in refs), r.min_count)
+    return splits, training_vocabulary(splits, r.min_count)
 
 
 def model_config_for(data: CaptionExamples, vocab: Vocabulary, overrides: dict[str, Any]) -> CaptioningConfig:
@@ -601,7 +606,7 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
     if splits is None:
         splits, vocab = load_caption_splits(r, data_dir)
     else:
-        vocab = Vocabulary.build((c for refs in splits["train"].references for c in refs), r.min_count)
+        vocab = training_vocabulary(splits, r.min_count)
     seconds_data = time.perf_counter() - start
     config = model_config_for(splits["train"], vocab, r.model)
     photos = {"image_encoder": ImageEncoder.describe(), "memory": r.memory} if r.data in r.PHOTOS else None
