@@ -10,7 +10,7 @@ those inside functions included:
     tasks       anything below, tasks.common, never another task
     cli.py, __main__.py, __init__.py: anything
 
-Also: core/ stays readable (at most 900 lines, attention.py at most 200, one fused and one explicit
+Also: core/ stays readable (at most 930 lines, attention.py at most 200, one fused and one explicit
 attention kernel, no speed machinery inside).
 """
 
@@ -103,7 +103,7 @@ def test_the_rule_catches_a_violation(module: str, line: str) -> None:
 
 def test_core_reads_in_one_sitting() -> None:
     lines = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "core").glob("*.py")}
-    assert sum(lines.values()) <= 900, lines
+    assert sum(lines.values()) <= 930, lines  # 900 until Marian's four options (0.3) came in
     assert lines["attention.py"] <= 200, lines
 
 

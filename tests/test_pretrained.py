@@ -155,13 +155,14 @@ def test_missing_tensor_is_listed(checkpoint_copy: Path) -> None:
 def test_misshaped_and_unexpected_tensors_are_listed(checkpoint_copy: Path) -> None:
     def edit(state):
         state["encoder.layer.0.intermediate.dense.weight"] = torch.zeros(1000, 384)
-        state["cls.predictions.bias"] = torch.zeros(3)
+        state["encoder.layer.0.attention.extra.bias"] = torch.zeros(3)
+        state["cls.predictions.bias"] = torch.zeros(3)  # a task head: left out, as AutoModel does
 
     _rewrite(checkpoint_copy, edit)
     with pytest.raises(CheckpointError) as info:
         load_bert_encoder(checkpoint_copy)
     message = str(info.value)
-    assert "unexpected: ['cls.predictions.bias']" in message
+    assert "unexpected: ['encoder.layer.0.attention.extra.bias']" in message
     assert "encoder.layers.0.feed_forward.linear1.weight: checkpoint (1000, 384), model (1536, 384)" in message
 
 

@@ -29,6 +29,7 @@ from scratchformer.models.captioning import CaptioningConfig, CaptioningTransfor
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig, EncoderEmbedding
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.models.pooling import masked_mean, pool
+from scratchformer.models.marian import load_marian
 from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
@@ -66,6 +67,7 @@ __all__ = [
     "combine_masks",
     "greedy_decode",
     "load_bert_encoder",
+    "load_marian",
     "masked_mean",
     "optimize",
     "padding_mask",

@@ -221,6 +221,34 @@ def _translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_kind(checkpoint: str) -> str | None:
+    """The "kind" a checkpoint's config.json records; a Hugging Face Marian directory is a translation model."""
+    from scratchformer.models.marian import is_marian_dir
+    from scratchformer.training.checkpoint import load_config, resolve_checkpoint
+
+    return "translation" if is_marian_dir(checkpoint) else load_config(resolve_checkpoint(checkpoint)).get("kind")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from scratchformer.models.hf_files import check_new_directory
+
+    check_new_directory(args.out)  # before any loading
+    kind = _checkpoint_kind(args.checkpoint)
+    if kind == "translation":
+        from scratchformer.tasks.translation import load_translator
+
+        written, what = load_translator(args.checkpoint, device="cpu").save_pretrained(args.out, args.format), "Marian (MarianMTModel)"
+    elif kind == "text_classifier":
+        from scratchformer.tasks.classification import load_classifier
+
+        written, what = load_classifier(args.checkpoint, device="cpu").save_pretrained(args.out, args.format), "BERT (AutoModel)"
+    else:
+        raise ValueError(f"{args.checkpoint}: a {kind!r} checkpoint has no Hugging Face format "
+                         "(translation and text_classifier checkpoints do)")
+    print(f"wrote a Hugging Face {what} directory: {written}")
+    return 0
+
+
 def _attention(args: argparse.Namespace) -> int:
     from scratchformer.tasks.translation import translation_attention_maps
     from scratchformer.tasks.translation import load_translator
@@ -250,9 +278,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from scratchformer.data.labelled_texts import load_labelled_texts
     from scratchformer.tasks.classification import load_classifier
-    from scratchformer.training import load_config
 
-    kind = load_config(args.checkpoint).get("kind")
+    kind = _checkpoint_kind(args.checkpoint)
     if kind == "translation":
         return _evaluate_translation(args)
     if kind == "captioning":
@@ -419,12 +446,20 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.set_defaults(func=_shapes)
 
     translate = sub.add_parser("translate", help="translate stdin to stdout, one sentence per line (streaming)")
-    translate.add_argument("--checkpoint", required=True)
+    translate.add_argument("--checkpoint", required=True, help="our translation checkpoint, or a Hugging Face "
+                           "Marian directory (opus-mt: config.json, model.safetensors, source.spm, target.spm, vocab.json)")
     translate.add_argument("--beam", type=_positive, default=None, help="beam size (default: the recipe's; 1 = greedy)")
     translate.add_argument("--batch-size", type=_positive, default=32)
     translate.add_argument("--device", default="auto")
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
     translate.set_defaults(func=_translate)
+
+    export = sub.add_parser("export", help="write a checkpoint in the Hugging Face format: a translator as a Marian "
+                            "directory (MarianMTModel), a classifier's encoder as a BERT directory (AutoModel)")
+    export.add_argument("--checkpoint", required=True)
+    export.add_argument("--out", required=True, help="a new directory")
+    export.add_argument("--format", choices=["hf"], default="hf")
+    export.set_defaults(func=_export)
 
     attention = sub.add_parser("attention", help="PNG heatmaps of a translation model's attention for one sentence")
     attention.add_argument("--checkpoint", required=True)

@@ -29,8 +29,11 @@ class ModelConfig:
     attention probabilities (None = dropout); activation: "relu" (paper) or "gelu" (BERT);
     norm_first: False = post-LN (paper), True = pre-LN; final_norm: a LayerNorm after each stack
     (None = if norm_first and the stack has layers); layer_norm_eps; bias: in the linear maps;
-    max_len: longest sequence accepted; positional: "sinusoidal" (paper) or "learned"; pad_id:
-    the padding id (None: no padding)."""
+    max_len: longest sequence accepted; positional: "sinusoidal" (paper) or "learned";
+    sinusoidal_layout: "interleaved" (paper) or "halves" (Marian); scale_embedding: token vectors times
+    sqrt(D) (paper; BERT does not); output_bias: a bias on the output
+    projection (None = only if untied; Marian's final_logits_bias); pad_id: the padding id (None: no
+    padding). activation may also be "silu" (Marian's "swish")."""
 
     VOCABS: ClassVar[tuple[str, ...]] = ()  # vocabulary sizes of the subclass (pad_id must fit them)
     SIZES: ClassVar[tuple[str, ...]] = ()  # its other sizes that must be positive
@@ -49,6 +52,9 @@ class ModelConfig:
     bias: bool = True
     max_len: int = 1024
     positional: str = "sinusoidal"
+    sinusoidal_layout: str = "interleaved"
+    scale_embedding: bool = True
+    output_bias: bool | None = None
     pad_id: int | None = 0
 
     def __post_init__(self) -> None:
@@ -60,7 +66,8 @@ class ModelConfig:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)")
-        for name, choices in (("positional", ("sinusoidal", "learned")), ("activation", ("relu", "gelu"))):
+        for name, choices in (("positional", ("sinusoidal", "learned")), ("activation", ("relu", "gelu", "silu")),
+                              ("sinusoidal_layout", ("interleaved", "halves"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {choices}, got {getattr(self, name)!r}")
         for name in ("dropout", "attention_dropout"):
@@ -81,11 +88,15 @@ class ModelConfig:
             raise ValueError(f"{cls.__name__}: unknown fields {unknown}")
         return cls(**data)
 
+    def build_embedding(self, vocab_size: int) -> TokenEmbedding:
+        """V token vectors of width D (times sqrt(D) if ``scale_embedding``); the pad row starts at 0."""
+        return TokenEmbedding(vocab_size, self.d_model, padding_idx=self.pad_id, scale=self.scale_embedding)
+
     def build_positions(self) -> nn.Module:
         """Sinusoidal positions (section 3.5) or a learned table."""
         if self.positional == "learned":
             return LearnedPositionalEmbedding(self.max_len, self.d_model)
-        return SinusoidalPositionalEncoding(self.d_model, self.max_len)
+        return SinusoidalPositionalEncoding(self.d_model, self.max_len, self.sinusoidal_layout)
 
     def _final_norm(self, num_layers: int) -> LayerNorm | None:
         wanted = self.norm_first and num_layers > 0 if self.final_norm is None else self.final_norm
@@ -105,9 +116,12 @@ class ModelConfig:
 
     def build_output(self, vocab_size: int, tied_to: TokenEmbedding | None = None) -> nn.Linear:
         """The pre-softmax projection D -> V; ``tied_to``: share that embedding's matrix (section 3.4)."""
-        generator = nn.Linear(self.d_model, vocab_size, bias=tied_to is None)
+        bias = tied_to is None if self.output_bias is None else self.output_bias
+        generator = nn.Linear(self.d_model, vocab_size, bias=bias)
         if tied_to is not None:
             generator.weight = tied_to.weight
+            if generator.bias is not None:
+                nn.init.zeros_(generator.bias)
         else:
             nn.init.xavier_uniform_(generator.weight)
         return generator

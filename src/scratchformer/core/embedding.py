@@ -5,8 +5,9 @@
     PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
     PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
 
-even dimensions carry the sine and odd ones the cosine of the same angle (interleaved, as in the
-paper), not the two halves concatenated. Learned positions (BERT) are the paper's table 3 row E.
+even dimensions carry the sine and odd ones the cosine of the same angle (``layout="interleaved"``,
+the paper's formula); ``"halves"`` puts all sines first, then all cosines (tensor2tensor, fairseq,
+Marian). Learned positions (BERT) are the paper's table 3 row E.
 """
 
 from __future__ import annotations
@@ -46,13 +47,17 @@ class TokenEmbedding(nn.Module):
         return nn.functional.embedding(tokens, self.weight, self.padding_idx) * self.scale
 
 
-def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The ``(length, D)`` table of the paper's formula, computed in float64 then cast."""
+def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype = torch.float32,
+                     layout: str = "interleaved") -> Tensor:
+    """The ``(length, D)`` table of the paper's formula, computed in float64 then cast; ``layout``
+    "interleaved" (sin, cos, sin, cos, ...) or "halves" (all sines, then all cosines)."""
     if d_model % 2:
         raise ValueError(f"sinusoidal positions need an even d_model, got d_model={d_model}")
     pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (D/2,)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (L, D/2)
+    if layout == "halves":
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(dtype)
     table = torch.empty(length, d_model, dtype=torch.float64)
     table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
     return table.to(dtype)
@@ -64,17 +69,18 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     table: Tensor
 
-    def __init__(self, d_model: int, max_len: int = 1024):
+    def __init__(self, d_model: int, max_len: int = 1024, layout: str = "interleaved"):
         super().__init__()
-        self.d_model = d_model
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.d_model, self.layout = d_model, layout
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, layout=layout), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, L, D) -> x + PE[offset : offset + L], same shape and dtype."""
         check_features("x", x, "(B, L, D)", self.d_model)
         end = offset + x.shape[1]
         if end > self.table.shape[0]:
-            self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model).to(self.table.device)
+            longer = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model, layout=self.layout)
+            self.table = longer.to(self.table.device)
         return x + self.table[offset:end].to(x.dtype)
 
 

@@ -12,7 +12,7 @@ from scratchformer.core.checks import check_features
 
 __all__ = ["PositionwiseFeedForward"]
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # gelu: exact (erf), as BERT
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}  # gelu: exact (erf), as BERT; silu = swish (Marian)
 
 
 class PositionwiseFeedForward(nn.Module):

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from scratchformer.core.checks import check_features, check_mask, check_tokens
 from scratchformer.core.config import ModelConfig
-from scratchformer.core.embedding import TokenEmbedding
 from scratchformer.core.masks import padding_mask
 
 __all__ = ["Transformer", "TransformerConfig"]
@@ -55,9 +54,8 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.config = c = config
-        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.tgt_embed = (self.src_embed if c.share_embeddings
-                          else TokenEmbedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id))
+        self.src_embed = c.build_embedding(c.src_vocab_size)
+        self.tgt_embed = self.src_embed if c.share_embeddings else c.build_embedding(c.tgt_vocab_size)
         self.src_pos, self.tgt_pos = c.build_positions(), c.build_positions()
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = c.build_encoder(c.num_encoder_layers)

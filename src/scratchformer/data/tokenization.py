@@ -8,6 +8,7 @@ sequence of the batch, and the (B, L) tensors with a bool padding mask.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torch import Tensor
 
-__all__ = ["BPE_SPECIAL_TOKENS", "SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "read_tokenizer", "train_bpe", "train_wordpiece"]
+__all__ = ["BPE_SPECIAL_TOKENS", "SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "read_tokenizer",
+           "save_hf_tokenizer", "train_bpe", "train_wordpiece"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BPE_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3: pad, BOS, EOS, unknown
@@ -195,3 +197,23 @@ def train_bpe(texts: Sequence[str], vocab_size: int, min_frequency: int = 2) -> 
     )
     tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tokenizer
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, max_length: int, eos: int | None = None) -> None:
+    """Write ``tokenizer.json`` and a ``tokenizer_config.json`` with which ``transformers.AutoTokenizer``
+    loads it as a fast tokenizer; ``eos``: append that token to every encoding (Marian's convention;
+    our translator adds it itself). The special tokens are those of the vocabulary that exist."""
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: the caller's keeps its settings
+    if eos is not None:
+        eos_token = tokenizer.id_to_token(eos)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"$A {eos_token}", pair=f"$A $B {eos_token}", special_tokens=[(eos_token, eos)])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    names = {"pad_token": ("[PAD]", "<pad>"), "unk_token": ("[UNK]", "<unk>"), "cls_token": ("[CLS]",),
+             "sep_token": ("[SEP]",), "mask_token": ("[MASK]",), "bos_token": ("<s>",), "eos_token": ("</s>",)}
+    config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
+    for key, candidates in names.items():
+        found = next((t for t in candidates if tokenizer.token_to_id(t) is not None), None)
+        if found is not None:
+            config[key] = found
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

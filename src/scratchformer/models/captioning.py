@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 from scratchformer.core.checks import check_features, check_tokens
 from scratchformer.core.config import ModelConfig
-from scratchformer.core.embedding import TokenEmbedding
 from scratchformer.models.patch_embedding import PatchEmbedding
 
 __all__ = ["CaptioningConfig", "CaptioningTransformer"]
@@ -106,7 +105,7 @@ class CaptioningTransformer(nn.Module):
         if c.num_regions:
             self.region_positions = nn.Parameter(torch.randn(c.num_regions, c.d_model) * 0.02)
         self.encoder = c.build_encoder(c.num_encoder_layers)
-        self.embed = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.embed = c.build_embedding(c.vocab_size)
         self.pos = c.build_positions()
         self.dropout = nn.Dropout(c.dropout)
         self.decoder = c.build_decoder(c.num_decoder_layers)

@@ -16,7 +16,6 @@ from torch import Tensor, nn
 
 from scratchformer.core.checks import check_mask, check_tokens
 from scratchformer.core.config import ModelConfig
-from scratchformer.core.embedding import TokenEmbedding
 from scratchformer.core.layer_norm import LayerNorm
 
 __all__ = ["ContextualEncoder", "EncoderConfig", "EncoderEmbedding"]
@@ -30,7 +29,6 @@ class EncoderConfig(ModelConfig):
         vocab_size: V.  num_layers: N.
         type_vocab_size: number of token types (segments); 0 = no token-type embedding.
         embedding_norm: LayerNorm on the summed embeddings (BERT).
-        scale_embedding: multiply token vectors by sqrt(D) (paper); BERT does not.
         pooler: BERT's pooler, tanh(W h_[CLS] + b).
     """
 
@@ -48,7 +46,6 @@ class EncoderConfig(ModelConfig):
     positional: str = "learned"
     type_vocab_size: int = 0
     embedding_norm: bool = False
-    scale_embedding: bool = True
     pooler: bool = False
 
 
@@ -57,7 +54,7 @@ class EncoderEmbedding(nn.Module):
 
     def __init__(self, c: EncoderConfig):
         super().__init__()
-        self.token = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id, scale=c.scale_embedding)
+        self.token = c.build_embedding(c.vocab_size)
         self.position = c.build_positions()
         self.token_type = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         if self.token_type is not None:

