@@ -243,7 +243,8 @@ def seq2seq_group(size: Size, device: torch.device) -> list[Group]:
 
 
 def decoding_groups(size: Size, device: torch.device) -> list[Group]:
-    """Greedy with the KV cache vs recomputing the prefix; beam 5 vs greedy (exactly ``new_tokens`` each)."""
+    """Greedy with the KV cache vs recomputing the prefix; beam 5 and top-p sampling vs greedy (exactly
+    ``new_tokens`` each)."""
     torch.manual_seed(0)
     eos = 2
     cfg = sf.TransformerConfig(
@@ -259,7 +260,12 @@ def decoding_groups(size: Size, device: torch.device) -> list[Group]:
     for B in size.decode_batches:
         src = torch.randint(3, size.vocab, (B, size.src_len), device=device)
 
-        def decode(use_cache: bool, beam: int = 0, steps: int = size.new_tokens, src: Tensor = src) -> object:
+        def decode(use_cache: bool, beam: int = 0, steps: int = size.new_tokens, src: Tensor = src,
+                   top_p: float = 0.0) -> object:
+            if top_p:
+                config = sf.GenerationConfig(decoder_start_token_id=1, eos_token_id=eos, do_sample=True, top_p=top_p,
+                                             max_new_tokens=steps)
+                return sf.generate(model, src, config, seed=0)
             if beam:
                 return beam_search(model, src, bos_id=1, eos_id=eos, beam_size=beam, max_len_a=0.0, max_len_b=steps)
             out = sf.greedy_decode(model, src, bos_id=1, eos_id=eos, use_cache=use_cache, max_len_a=0.0,
@@ -277,6 +283,8 @@ def decoding_groups(size: Size, device: torch.device) -> list[Group]:
                  warmup_fn=partial(decode, False, steps=short)),
             Case(row, "beam 5, KV cache", partial(decode, True, beam=5), n, references=("greedy, KV cache",),
                  warmup_fn=partial(decode, True, beam=5, steps=short)),
+            Case(row, "top-p 0.9 sampling, KV cache", partial(decode, True, top_p=0.9), n,
+                 references=("greedy, KV cache",), warmup_fn=partial(decode, True, steps=short, top_p=0.9)),
         ]
         groups.append(Group(f"decoding {row}", cases, size.repeats,
                             note="tokens = new tokens of the batch (beam: of the best hypotheses)"))

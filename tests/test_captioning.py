@@ -312,6 +312,15 @@ def test_cli_train_captioner_caption_and_attention_png(tmp_path: Path, capsys) -
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith(p + "\t") for line, p in zip(lines, pngs))
     assert (tmp_path / "att-0.png").stat().st_size > 0 and (tmp_path / "att-1.png").stat().st_size > 0
+    assert main(["caption", "--checkpoint", checkpoint, *pngs, "--beam", "3", "--nbest", "2", "--lenpen", "0.6",
+                 "--no-repeat-ngram", "2", "--min-len", "2", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["image"] for r in rows] == pngs and all(len(r["nbest"]) == 2 for r in rows)
+    assert all(r["generated_text"] == r["nbest"][0]["text"] and len(r["tokens"]) >= 2 for r in rows)
+    assert main(["caption", "--checkpoint", checkpoint, pngs[0], "--sampling", "--top-p", "0.9", "--temperature",
+                 "0.8", "--seed", "3", "--nbest", "3", "--prefix", "a"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.split("\t")[3].startswith("a ") for line in lines)
 
     from PIL import Image
 

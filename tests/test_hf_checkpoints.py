@@ -28,7 +28,7 @@ from scratchformer.core.embedding import SinusoidalPositionalEncoding, sinusoida
 from scratchformer.core.transformer import Transformer, TransformerConfig  # noqa: E402
 from scratchformer.data.marian_tokenizer import MarianTokenizer  # noqa: E402
 from scratchformer.data.tokenization import TextTokenizer, train_wordpiece  # noqa: E402
-from scratchformer.generation import beam_search, greedy_decode  # noqa: E402
+from scratchformer.generation import GenerationConfig, beam_search, generate, greedy_decode  # noqa: E402
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier  # noqa: E402
 from scratchformer.models.contextual import EncoderConfig  # noqa: E402
 from scratchformer.models.hf_files import CheckpointError  # noqa: E402
@@ -267,6 +267,41 @@ def test_greedy_and_beam_search_equal_generate(marian, beams, length_penalty) ->
     assert len({len(t) for t in theirs}) > 2  # hypotheses of many lengths
 
 
+@pytest.mark.parametrize("options", [
+    {"num_beams": 4, "length_penalty": 0.6, "num_return_sequences": 4, "no_repeat_ngram_size": 2},
+    {"num_beams": 4, "num_return_sequences": 2, "min_new_tokens": 6, "repetition_penalty": 1.3},
+    {"repetition_penalty": 1.5},
+    {"no_repeat_ngram_size": 3, "min_new_tokens": 4},
+    {"do_sample": True, "top_k": 1},
+])
+def test_generate_options_equal_hugging_face(marian, options) -> None:
+    """generate() with n-best, no_repeat_ngram_size, min_new_tokens, repetition_penalty and top-k=1
+    sampling: the same tokens as transformers' generate, and for beams the same scores (1e-5)."""
+    directory, hf = marian
+    ours, special, _ = load_marian(directory)
+    pad, eos, limit = special["pad"], special["eos"], 20
+    src, src_mask, _, _ = marian_inputs(directory)
+    config = GenerationConfig(decoder_start_token_id=pad, eos_token_id=eos, max_new_tokens=limit, **options)
+    beams = options.get("num_beams", 1) > 1
+    boost = 0.0 if beams else EOS_BOOST  # greedy and sampling: without the boost, sentences run long
+    try:
+        with torch.no_grad():
+            hf.final_logits_bias[0, eos] -= boost
+            ours.generator.bias[eos] -= boost
+            mine = generate(ours, src, config, seed=0)
+            extra = {"top_p": 1.0, "temperature": 1.0} if options.get("do_sample") else {}  # not the saved defaults
+            ref = generate_as_ours(hf, limit, input_ids=src, attention_mask=src_mask, bad_words_ids=[[pad]],
+                                   output_scores=True, return_dict_in_generate=True,
+                                   **{"num_beams": 1, **options, **extra})
+    finally:
+        with torch.no_grad():
+            hf.final_logits_bias[0, eos] += boost
+    assert [h.tokens for n in mine for h in n] == generated(ref.sequences, pad)
+    if beams:
+        scores = torch.tensor([h.score for n in mine for h in n])
+        assert torch.allclose(scores, ref.sequences_scores, atol=1e-5, rtol=0)
+
+
 def test_translate_a_marian_directory_python_and_cli(marian, capsys, tmp_path: Path) -> None:
     directory, hf = marian
     translator = load_translator(directory, device="cpu")
@@ -279,6 +314,9 @@ def test_translate_a_marian_directory_python_and_cli(marian, capsys, tmp_path: P
     assert all(expected), expected  # not vacuous
     assert translator.translate(texts) == expected
     assert translator.translate(texts, batch_size=2) == expected  # two batches, ours sorted by length
+    for prefix in ("dog", "the big"):  # a forced prefix is tokenised on the target side, as HF's text_target
+        assert translator.tokenizer.encode_target(prefix).ids == tokenizer(text_target=prefix).input_ids[:-1]
+        assert all(t.startswith(prefix) for t in translator.translate(texts, prefix=prefix))
     capsys.readouterr()
     assert main(["translate", "--checkpoint", str(directory), "--device", "cpu", texts[1]]) == 0
     assert capsys.readouterr().out.splitlines() == [expected[1]]

@@ -192,13 +192,16 @@ def test_unsupported_config_is_named(checkpoint_copy: Path) -> None:
 
 def test_cli_embed_and_similarity(capsys) -> None:
     assert main(["embed", "--model", str(MODEL_DIR), "--json", "A dog runs.", "A cat sleeps."]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # JSON Lines
     assert [r["text"] for r in rows] == ["A dog runs.", "A cat sleeps."]
     assert len(rows[0]["embedding"]) == 384
 
     assert main(["similarity", "--model", str(MODEL_DIR), "A man plays guitar.", "Someone plays the guitar."]) == 0
     value = float(capsys.readouterr().out.strip())
     assert 0.7 < value <= 1.0
+    assert main(["similarity", "--model", str(MODEL_DIR), "A man plays guitar.", "Someone plays the guitar.", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["score"] == pytest.approx(value, abs=1e-4) and row["text_b"] == "Someone plays the guitar."
 
 
 def test_text_classifier_starts_from_the_pretrained_encoder(ours) -> None:

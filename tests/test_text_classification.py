@@ -92,6 +92,11 @@ def test_cli_train_evaluate_classify(tmp_path: Path, capsys) -> None:
     assert main(["classify", "--checkpoint", str(tmp_path / "cli" / "best"), "--device", "cpu", "loved it", "boring"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == ["positive", "negative"]
+    assert main(["classify", "--checkpoint", str(tmp_path / "cli" / "best"), "--device", "cpu", "--json",
+                 "loved it", "boring"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # JSON Lines, pipeline keys
+    assert [(r["text"], r["label"]) for r in rows] == [("loved it", "positive"), ("boring", "negative")]
+    assert all(0.5 < r["score"] <= 1.0 for r in rows)
 
 
 def test_mean_pooling_classifier_ignores_extra_padding() -> None:

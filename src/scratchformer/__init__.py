@@ -24,7 +24,8 @@ from scratchformer.core.masks import causal_mask, combine_masks, padding_mask
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.tokenization import TextTokenizer, TokenBatch
 from scratchformer.fast import optimize
-from scratchformer.generation import DecoderCache, DecoderLayerCache, KVCache, beam_search, greedy_decode
+from scratchformer.generation import (DecoderCache, DecoderLayerCache, GenerationConfig, KVCache, beam_search, generate,
+                                     greedy_decode)
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig, EncoderEmbedding
 from scratchformer.models.patch_embedding import PatchEmbedding
@@ -33,7 +34,7 @@ from scratchformer.models.marian import load_marian
 from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CaptioningConfig",
@@ -48,6 +49,7 @@ __all__ = [
     "EncoderConfig",
     "EncoderEmbedding",
     "EncoderLayer",
+    "GenerationConfig",
     "KVCache",
     "LayerNorm",
     "LearnedPositionalEmbedding",
@@ -65,6 +67,7 @@ __all__ = [
     "beam_search",
     "causal_mask",
     "combine_masks",
+    "generate",
     "greedy_decode",
     "load_bert_encoder",
     "load_marian",

@@ -64,7 +64,8 @@ def _embed(args: argparse.Namespace) -> int:
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
     vectors = _sentence_encoder(args).encode(texts, batch_size=args.batch_size).tolist()
     if args.json:
-        print(json.dumps([{"text": t, "embedding": v} for t, v in zip(texts, vectors)]))
+        for t, v in zip(texts, vectors):
+            print(json.dumps({"text": t, "embedding": v}, ensure_ascii=False))
     else:
         for vector in vectors:
             print(" ".join(f"{x:.6f}" for x in vector))
@@ -72,8 +73,82 @@ def _embed(args: argparse.Namespace) -> int:
 
 
 def _similarity(args: argparse.Namespace) -> int:
-    print(f"{_sentence_encoder(args).similarity(args.a, args.b):.4f}")
+    import json
+
+    score = _sentence_encoder(args).similarity(args.a, args.b)
+    print(json.dumps({"text_a": args.a, "text_b": args.b, "score": score}, ensure_ascii=False) if args.json
+          else f"{score:.4f}")
     return 0
+
+
+_GENERATION_FLAGS = {"beam": "num_beams", "nbest": "num_return_sequences", "lenpen": "length_penalty",
+                     "max_len_a": "max_len_a", "max_len_b": "max_len_b", "max_new_tokens": "max_new_tokens",
+                     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                     "no_repeat_ngram": "no_repeat_ngram_size", "repetition_penalty": "repetition_penalty",
+                     "min_len": "min_new_tokens"}
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    """The decoding flags of translate, caption and evaluate; unset ones keep the recipe's ``decoding``."""
+    g = parser.add_argument_group("generation (default: the recipe's decoding section)")
+    g.add_argument("--beam", type=_positive, default=None, help="beam size (1 = greedy)")
+    g.add_argument("--nbest", type=_positive, default=None, help="outputs per input: the n best of the beam, or n samples")
+    g.add_argument("--lenpen", type=float, default=None, help="length penalty: score = log p / length ** lenpen")
+    g.add_argument("--max-len-a", type=float, default=None, help="at most a * S + b new tokens (S: padded source "
+                   "length; captioning: image regions, so use --max-new-tokens)")
+    g.add_argument("--max-len-b", type=_non_negative, default=None)
+    g.add_argument("--max-new-tokens", type=_positive, default=None, help="at most this many new tokens (instead of a, b)")
+    g.add_argument("--sampling", action="store_true", help="sample each token instead of beam or greedy search")
+    g.add_argument("--temperature", type=float, default=None, help="sampling: logits / temperature")
+    g.add_argument("--top-k", type=_non_negative, default=None, help="sampling: among the k most likely tokens (0 = all)")
+    g.add_argument("--top-p", type=float, default=None, help="sampling: nucleus, in (0, 1]")
+    g.add_argument("--no-repeat-ngram", type=_non_negative, default=None, help="no n-gram of this size twice")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="CTRL's penalty on repeated tokens (1 = off)")
+    g.add_argument("--min-len", type=_non_negative, default=None, help="no end of sentence before this many tokens")
+    g.add_argument("--seed", type=int, default=None, help="sampling: reproducible samples (the same in any batch)")
+    g.add_argument("--prefix", default=None, help="every output starts with this text (its tokens are forced)")
+
+
+def _generation_options(args: argparse.Namespace) -> dict:
+    """The generation flags given, as GenerationConfig fields; checked here, before any loading."""
+    from scratchformer.generation import GenerationConfig
+
+    options = {field: getattr(args, flag) for flag, field in _GENERATION_FLAGS.items() if getattr(args, flag) is not None}
+    sampling_only = [f"--{flag.replace('_', '-')}" for flag in ("temperature", "top_k", "top_p", "seed")
+                     if getattr(args, flag) is not None]
+    if sampling_only and not args.sampling:
+        raise ValueError(f"{', '.join(sampling_only)}: only with --sampling")
+    if args.sampling:
+        options["do_sample"] = True
+        options.setdefault("num_beams", 1)
+    # An impossible combination is an error naming it, now (the recipe's beam size is not known yet).
+    GenerationConfig(**{"num_beams": options.get("num_return_sequences", 1), **options})
+    return options
+
+
+def _nbest_json(outputs: list) -> list[dict]:
+    return [o.to_dict() for o in outputs]
+
+
+def _print_outputs(key: str, outputs: list, first: dict, as_json: bool, plain_prefix: str) -> None:
+    """One input's outputs: a JSON line ({first..., key: best text, score, log_prob, tokens, nbest}), or
+    the best text, or (n-best) ``plain_prefix rank<TAB>score<TAB>text`` lines."""
+    import json
+
+    best = outputs[0]
+    if as_json:
+        print(json.dumps({**first, key: best.text, "score": best.score, "log_prob": best.log_prob, "tokens": best.tokens,
+                          "nbest": _nbest_json(outputs)}, ensure_ascii=False))
+    elif len(outputs) == 1:
+        print(f"{plain_prefix}{_one_line(best.text)}")
+    else:
+        for rank, o in enumerate(outputs):
+            print(f"{plain_prefix}{rank}\t{o.score:.4f}\t{_one_line(o.text)}")
+
+
+def _one_line(text: str) -> str:
+    """Plain output is one line per answer: a line break inside one (sampling can draw it) becomes a space."""
+    return " ".join(text.splitlines())
 
 
 _TRAIN_FLAGS = {"out": "out_dir", "epochs": "epochs", "max_steps": "max_steps", "precision": "precision",
@@ -166,6 +241,7 @@ def _caption(args: argparse.Namespace) -> int:
 
     from scratchformer.tasks.captioning import load_captioner
 
+    options = _generation_options(args)
     captioner = load_captioner(args.checkpoint, device=args.device)
     photos = None
     try:
@@ -175,8 +251,9 @@ def _caption(args: argparse.Namespace) -> int:
             images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
-    for path, caption in zip(args.images, captioner.caption(images, beam_size=args.beam)):
-        print(f"{path}\t{caption}")
+    results = captioner.generate(images, captioner.generation_config(**options), prefix=args.prefix, seed=args.seed)
+    for path, outputs in zip(args.images, results):
+        _print_outputs("generated_text", outputs, {"image": str(path)}, args.json, f"{path}\t")
     if args.attention_png:
         out = Path(args.attention_png)
         for i, image in enumerate(images):
@@ -213,11 +290,20 @@ def _shapes(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     from scratchformer.tasks.translation import load_translator, read_lines
 
+    options = _generation_options(args)
     translator = load_translator(args.checkpoint, device=args.device)
+    config = translator.generation_config(**options)
     lines = [args.text] if args.text else sys.stdin
-    for chunk in read_lines(lines, args.batch_size):
-        for line in translator.translate(chunk, beam_size=args.beam, batch_size=args.batch_size):
-            print(line, flush=True)
+    interactive = not args.text and getattr(sys.stdin, "isatty", lambda: False)()
+    buffer = args.buffer_size or (1 if interactive else args.batch_size)
+    index = 0
+    for chunk in read_lines(lines, buffer):
+        results = translator.generate(chunk, config, prefix=args.prefix, seed=args.seed, batch_size=args.batch_size)
+        for source, outputs in zip(chunk, results):
+            _print_outputs("translation_text", outputs, {"source": source}, args.json,
+                           f"{index}\t" if len(outputs) > 1 else "")
+            index += 1
+        sys.stdout.flush()
     return 0
 
 
@@ -280,6 +366,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     from scratchformer.tasks.classification import load_classifier
 
     kind = _checkpoint_kind(args.checkpoint)
+    args.generation = _generation_options(args)
+    if kind not in ("translation", "captioning") and (args.generation or args.prefix):
+        raise ValueError(f"decoding flags ({', '.join(sorted(args.generation))}) apply to translation and "
+                         "captioning models, not to a classifier")
     if kind == "translation":
         return _evaluate_translation(args)
     if kind == "captioning":
@@ -293,7 +383,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if data.skipped:
         print(f"skipped: {data.skipped}", file=sys.stderr)
     if args.json:
-        print(json.dumps(metrics, indent=2))
+        print(json.dumps(metrics))
     else:
         _print_classification_report(metrics)
     return 0
@@ -312,7 +402,9 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
         references = [line.rstrip("\n") for line in f]
     if len(sources) != len(references):
         raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
-    scores = load_translator(args.checkpoint, device=args.device).evaluate(sources, references, beam_size=args.beam)
+    translator = load_translator(args.checkpoint, device=args.device)
+    scores = translator.evaluate(sources, references, config=translator.generation_config(**args.generation),
+                                 prefix=args.prefix, seed=args.seed)
     return _print_scores(args, scores, "BLEU {bleu:.2f}  chrF {chrf:.2f}  ({n} sentences; {bleu_signature})")
 
 
@@ -324,7 +416,7 @@ def _print_scores(args: argparse.Namespace, scores: dict, line: str) -> int:
     if args.output:
         with open(args.output, "w") as f:
             f.write("\n".join(hypotheses) + "\n")
-    print(json.dumps(scores, indent=2) if args.json else line.format(**scores))
+    print(json.dumps(scores) if args.json else line.format(**scores))
     return 0
 
 
@@ -348,7 +440,8 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
     else:
         examples, _ = load_caption_folder(args.captions, args.images, captioner.model.config.image_size
                                           if captioner.model.config.input == "pixels" else None)
-    scores = captioner.evaluate(examples, beam_size=args.beam)
+    scores = captioner.evaluate(examples, config=captioner.generation_config(**args.generation), prefix=args.prefix,
+                                seed=args.seed)
     return _print_scores(args, scores, "BLEU-1 {bleu1:.2f}  BLEU-2 {bleu2:.2f}  BLEU-3 {bleu3:.2f}  BLEU-4 {bleu4:.2f}  "
                                        "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)")
 
@@ -356,10 +449,13 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
 def _classify(args: argparse.Namespace) -> int:
     from scratchformer.tasks.classification import load_classifier
 
+    import json
+
     clf = load_classifier(args.checkpoint, device=args.device)
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     for text, (label, prob) in zip(texts, clf.predict(texts, batch_size=args.batch_size)):
-        print(f"{label}\t{prob:.4f}\t{text}")
+        print(json.dumps({"text": text, "label": label, "score": prob}, ensure_ascii=False) if args.json
+              else f"{label}\t{prob:.4f}\t{text}")
     return 0
 
 
@@ -391,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT-family checkpoint")
     _add_model_argument(embed)
     embed.add_argument("texts", nargs="*", help="texts to embed (default: one per line on stdin)")
-    embed.add_argument("--json", action="store_true", help='print [{"text": ..., "embedding": [...]}, ...]')
+    embed.add_argument("--json", action="store_true", help='one {"text": ..., "embedding": [...]} per line')
     embed.add_argument("--batch-size", type=_positive, default=32)
     embed.set_defaults(func=_embed)
 
@@ -399,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_argument(similarity)
     similarity.add_argument("a")
     similarity.add_argument("b")
+    similarity.add_argument("--json", action="store_true", help='print {"text_a", "text_b", "score"}')
     similarity.set_defaults(func=_similarity)
 
     train = sub.add_parser("train", help="train a model on a task").add_subparsers(dest="task", required=True)
@@ -422,7 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
     caption = sub.add_parser("caption", help="caption image files with a captioning checkpoint")
     caption.add_argument("--checkpoint", required=True)
     caption.add_argument("images", nargs="+", help="image files (a photo model: any size and format Pillow reads)")
-    caption.add_argument("--beam", type=_positive, default=None, help="beam size (default: the recipe's; 1 = greedy)")
+    _add_generation_options(caption)
+    caption.add_argument("--json", action="store_true", help='one {"image", "generated_text", "score", "nbest"} per line')
     caption.add_argument("--resize", action="store_true", help="resize images to the model's size (default: error)")
     caption.add_argument("--attention-png", help="write each word's cross-attention over the image here "
                          "(several images: NAME-0.png, NAME-1.png, ...)")
@@ -448,8 +546,12 @@ def build_parser() -> argparse.ArgumentParser:
     translate = sub.add_parser("translate", help="translate stdin to stdout, one sentence per line (streaming)")
     translate.add_argument("--checkpoint", required=True, help="our translation checkpoint, or a Hugging Face "
                            "Marian directory (opus-mt: config.json, model.safetensors, source.spm, target.spm, vocab.json)")
-    translate.add_argument("--beam", type=_positive, default=None, help="beam size (default: the recipe's; 1 = greedy)")
-    translate.add_argument("--batch-size", type=_positive, default=32)
+    _add_generation_options(translate)
+    translate.add_argument("--batch-size", type=_positive, default=32, help="sentences decoded together")
+    translate.add_argument("--buffer-size", type=_positive, default=None, help="lines read before translating "
+                           "(default: 1 when stdin is a terminal, so each line is answered at once; else --batch-size)")
+    translate.add_argument("--json", action="store_true", help='one {"translation_text", "score", "tokens", "nbest", '
+                           '...} per line')
     translate.add_argument("--device", default="auto")
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
     translate.set_defaults(func=_translate)
@@ -481,14 +583,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--karpathy", help="captioning: a Karpathy split JSON (dataset_coco.json, ...)")
     evaluate.add_argument("--split", help="captioning: the split of --flickr8k (default dev) or --karpathy (default test)")
     evaluate.add_argument("--features", help="captioning: image features file to reuse (extracted into it if missing)")
-    evaluate.add_argument("--beam", type=_positive, default=None, help="translation/captioning: beam size (default: the recipe's)")
+    _add_generation_options(evaluate)
     evaluate.add_argument("--output", help="translation/captioning: write the hypotheses here")
     evaluate.add_argument("--text-field", default="text")
     evaluate.add_argument("--label-field", default="label")
     evaluate.add_argument("--batch-size", type=_positive, default=64)
     evaluate.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     evaluate.add_argument("--device", default="auto")
-    evaluate.add_argument("--json", action="store_true")
+    evaluate.add_argument("--json", action="store_true", help="the scores as one JSON object")
     evaluate.set_defaults(func=_evaluate)
 
     classify = sub.add_parser("classify", help="label texts with a classifier checkpoint")
@@ -496,6 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
     classify.add_argument("--batch-size", type=_positive, default=64)
     classify.add_argument("--device", default="auto")
+    classify.add_argument("--json", action="store_true", help='one {"text", "label", "score"} per line')
     classify.set_defaults(func=_classify)
     return parser
 

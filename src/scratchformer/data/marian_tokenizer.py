@@ -76,6 +76,13 @@ class MarianTokenizer:
         pieces = code + self.source.encode(text, out_type=str)
         return PieceEncoding([self.vocab.get(p, self.unk_id) for p in pieces], pieces)
 
+    def encode_target(self, text: str) -> PieceEncoding:
+        """Target-side text (a forced prefix) -> ids: target.spm and the target vocabulary, as Hugging
+        Face's ``text_target``."""
+        pieces = self.target.encode(text, out_type=str)
+        unk = self.target_vocab.get("<unk>", self.unk_id)
+        return PieceEncoding([self.target_vocab.get(p, unk) for p in pieces], pieces)
+
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[PieceEncoding]:
         """``add_special_tokens`` is accepted as ``tokenizers`` has it; EOS is never added here."""
         return [self.encode(t) for t in texts]

@@ -1,10 +1,15 @@
-"""Generation: the key/value cache, greedy decoding, beam search and sampling. Imports core/ only."""
+"""Generation: the key/value cache, greedy decoding, beam search and sampling, and :func:`generate`
+over all of them by a :class:`GenerationConfig`. Imports core/ only."""
 
 from scratchformer.generation.beam import Hypothesis, beam_search
 from scratchformer.generation.cache import DecoderCache, DecoderLayerCache, KVCache
+from scratchformer.generation.config import GenerationConfig
+from scratchformer.generation.generate import generate
 from scratchformer.generation.greedy import greedy_decode
 from scratchformer.generation.interface import EncoderDecoder, max_decode_length
+from scratchformer.generation.rules import StepRules
 from scratchformer.generation.sampling import sample_decode
+from scratchformer.generation.stepwise import warp
 
-__all__ = ["DecoderCache", "DecoderLayerCache", "EncoderDecoder", "Hypothesis", "KVCache", "beam_search",
-           "greedy_decode", "max_decode_length", "sample_decode"]
+__all__ = ["DecoderCache", "DecoderLayerCache", "EncoderDecoder", "GenerationConfig", "Hypothesis", "KVCache",
+           "StepRules", "beam_search", "generate", "greedy_decode", "max_decode_length", "sample_decode", "warp"]

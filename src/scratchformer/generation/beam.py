@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from scratchformer.generation.interface import EncoderDecoder, check_logits, max_decode_length, start_decoding
+from scratchformer.generation.rules import StepRules
 
 __all__ = ["Hypothesis", "beam_search"]
 
@@ -35,6 +36,7 @@ def beam_search(
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     n_best: int = 1,
+    rules: StepRules | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences, with the key/value cache (as fairseq's).
 
@@ -50,6 +52,9 @@ def beam_search(
 
     Args:
         src: (B, S) source token ids.
+        rules: what may come next (:class:`StepRules`: prefix, n-gram and repetition rules, minimum
+            and maximum length), applied to the log-probabilities (as Hugging Face's processors);
+            default: never BOS or pad, EOS at ``a * S + b`` new tokens.
         Other arguments as :func:`greedy_decode`.
 
     Returns:
@@ -57,7 +62,10 @@ def beam_search(
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"need 1 <= n_best <= beam_size, got n_best={n_best}, beam_size={beam_size}")
-    memory, src_padding_mask, never, cache = start_decoding(model, src, bos_id, eos_id, src_padding_mask)
+    memory, src_padding_mask, cache = start_decoding(model, src, bos_id, eos_id, src_padding_mask)
+    if rules is None:
+        rules = StepRules.plain(bos_id, eos_id, model.config.pad_id, src.shape[0],
+                                max_decode_length(model, src.shape[1], max_len_a, max_len_b), src.device)
     B, k, device = src.shape[0], beam_size, src.device
     rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,) the sentence of each beam
     memory = memory[rows]
@@ -67,15 +75,10 @@ def beam_search(
     scores[:, 0] = 0.0  # one live beam at the start, or the k beams would all be the same
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     done = [False] * B
-    steps = max_decode_length(model, src.shape[1], max_len_a, max_len_b)
-    for step in range(steps):
+    for step in range(rules.steps):
         logits = model.decode(tokens[:, -1:], memory, src_padding_mask, cache=cache)[:, -1].float()
         check_logits(logits, step)
-        log_probs = torch.log_softmax(logits, dim=-1).index_fill(1, never, float("-inf"))  # (B*k, V)
-        if step == steps - 1:  # the length limit: every live hypothesis ends here
-            eos_column = log_probs[:, eos_id].clone()
-            log_probs.fill_(float("-inf"))
-            log_probs[:, eos_id] = eos_column
+        log_probs = rules(torch.log_softmax(logits, dim=-1), tokens, step, rows)  # (B*k, V)
         V = log_probs.shape[-1]
         candidates = (scores.view(-1, 1) + log_probs).view(B, k * V)
         best, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (B, 2k)

@@ -50,8 +50,8 @@ def check_logits(logits: Tensor, step: int) -> None:
 
 def start_decoding(
     model: EncoderDecoder, src: Tensor, bos_id: int, eos_id: int, src_padding_mask: Tensor | None
-) -> tuple[Tensor, Tensor | None, Tensor, DecoderCache]:
-    """Check the ids, encode the source once: (memory, source mask, ids never to generate, an empty cache)."""
+) -> tuple[Tensor, Tensor | None, DecoderCache]:
+    """Check the ids, encode the source once: (memory, source mask, an empty cache)."""
     if bos_id == eos_id:
         raise ValueError(f"bos_id and eos_id are both {bos_id}: every sentence would end before it begins")
     if eos_id == model.config.pad_id:
@@ -64,8 +64,6 @@ def start_decoding(
     if src_padding_mask is None:
         src_padding_mask = model.source_padding_mask(src)
     memory = model.encode(src, src_padding_mask)
-    # Never generate padding or a second BOS (fairseq does the same).
-    never = torch.tensor([bos_id] + ([model.config.pad_id] if model.config.pad_id is not None else []), device=src.device)
-    return memory, src_padding_mask, never, DecoderCache(len(model.decoder.layers))
+    return memory, src_padding_mask, DecoderCache(len(model.decoder.layers))
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from scratchformer.generation.interface import EncoderDecoder, check_logits, max_decode_length, start_decoding
+from scratchformer.generation.interface import EncoderDecoder, max_decode_length
+from scratchformer.generation.rules import StepRules
+from scratchformer.generation.stepwise import decode_stepwise
 
 __all__ = ["sample_decode"]
 
@@ -39,29 +41,12 @@ def sample_decode(
 
     Returns:
         (B * num_samples, L) ids (L generated steps) without the BOS, each ending with EOS (forced at the length
-        limit), then pad (or EOS when the config has no pad_id).
+        limit), then pad (or EOS when the config has no pad_id). :func:`~scratchformer.generation.generate`
+        adds top-k, top-p, per-sentence seeds and the other rules.
     """
     if num_samples < 1 or not temperature > 0:
         raise ValueError(f"num_samples must be >= 1 and temperature > 0, got {num_samples} and {temperature}")
-    memory, src_padding_mask, never, cache = start_decoding(model, src, bos_id, eos_id, src_padding_mask)
-    memory = memory.repeat_interleave(num_samples, dim=0)
-    if src_padding_mask is not None:
-        src_padding_mask = src_padding_mask.repeat_interleave(num_samples, dim=0)
-    B = memory.shape[0]
-    fill_id = model.config.pad_id if model.config.pad_id is not None else eos_id
-    tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=memory.device)
-    finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
-    steps = max_decode_length(model, src.shape[1], max_len_a, max_len_b)
-    for step in range(steps):
-        logits = model.decode(tokens[:, -1:], memory, src_padding_mask, cache=cache)[:, -1].float()
-        check_logits(logits, step)
-        probs = torch.softmax(logits.index_fill(1, never, float("-inf")) / temperature, dim=-1)
-        next_token = torch.multinomial(probs, 1, generator=generator)[:, 0]
-        if step == steps - 1:
-            next_token.fill_(eos_id)
-        next_token = next_token.masked_fill(finished, fill_id)
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        finished |= next_token == eos_id
-        if bool(finished.all()):
-            break
-    return tokens[:, 1:]
+    rules = StepRules.plain(bos_id, eos_id, model.config.pad_id, src.shape[0],
+                            max_decode_length(model, src.shape[1], max_len_a, max_len_b), src.device,
+                            do_sample=True, temperature=temperature, num_return_sequences=num_samples)
+    return decode_stepwise(model, src, rules.config, rules, src_padding_mask=src_padding_mask, generators=generator)[0]

@@ -50,13 +50,13 @@ from scratchformer.data.image_features import (
 )
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.image_encoder import ImageEncoder
-from scratchformer.generation import beam_search, greedy_decode, sample_decode
+from scratchformer.generation import GenerationConfig, generate, greedy_decode, sample_decode
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
 from scratchformer.training.trainer import earlier_run
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
-from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
+from scratchformer.tasks.common import Generated, check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.fast import optimize
 
 __all__ = ["Captioner", "CaptioningRecipe", "CaptioningTask", "CiderD", "SelfCriticalTask", "caption_scores",
@@ -198,25 +198,40 @@ class Captioner:
     def _limits(self) -> dict[str, Any]:
         return {"max_len_a": 0.0, "max_len_b": self.model.config.max_len - 1}
 
+    def generation_config(self, beam_size: int | None = None, **options: Any) -> GenerationConfig:
+        """The recipe's ``decoding`` (beam 3 if it names none; captions up to the model's max_len) as a
+        :class:`GenerationConfig`, with ``beam_size`` and ``options`` on top (None: keep)."""
+        return GenerationConfig.from_decoding({"beam_size": 3, **self.decoding, **self._limits()},
+                                              decoder_start_token_id=START, eos_token_id=END,
+                                              **{"num_beams": beam_size, **options})
+
     @torch.no_grad()
-    def caption(self, inputs: Tensor, beam_size: int | None = None, batch_size: int = 128) -> list[str]:
-        """Captions of ``inputs`` (images (N, C, H, W) uint8/float, or features); beam_size 1 = greedy."""
-        beam_size = self.decoding.get("beam_size", 3) if beam_size is None else beam_size
-        check_batch(batch_size, beam_size)
-        out: list[str] = []
+    def generate(self, inputs: Tensor, config: GenerationConfig | None = None, prefix: str | None = None,
+                 seed: int | None = None, batch_size: int = 128) -> list[list[Generated]]:
+        """``config.num_return_sequences`` captions of each input (images (N, C, H, W) or features):
+        the n best of the beam, or n samples; ``prefix``: words every caption starts with."""
+        config = config or self.generation_config()
+        check_batch(batch_size, config.num_beams)
+        prefix_ids = self.vocab.encode(prefix) if prefix else None
+        out: list[list[Generated]] = []
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size].to(self.device)
-            if beam_size == 1:
-                rows = greedy_decode(self.model, batch, bos_id=START, eos_id=END, **self._limits()).tolist()  # type: ignore[union-attr]
-            else:
-                hyps = beam_search(self.model, batch, bos_id=START, eos_id=END, beam_size=beam_size,
-                                   length_penalty=self.decoding.get("length_penalty", 1.0), **self._limits())
-                rows = [h[0].tokens for h in hyps]
-            out.extend(self.vocab.decode(r) for r in rows)
+            for hyps in generate(self.model, batch, config, prefix_ids, seed):
+                out.append([Generated(self.vocab.decode(h.tokens), h.tokens[:-1], h.log_prob, h.score) for h in hyps])
         return out
 
-    def evaluate(self, examples: CaptionExamples, beam_size: int | None = None) -> dict[str, Any]:
-        hypotheses = self.caption(examples.inputs, beam_size)
+    def caption(self, inputs: Tensor, beam_size: int | None = None, batch_size: int = 128,
+                config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
+                ) -> list[str]:
+        """Captions of ``inputs`` (images (N, C, H, W) uint8/float, or features); beam_size 1 = greedy;
+        ``config`` (a :class:`GenerationConfig`) instead of the recipe's decoding settings."""
+        config = config or self.generation_config(beam_size)
+        return [n[0].text for n in self.generate(inputs, config, prefix, seed, batch_size)]
+
+    def evaluate(self, examples: CaptionExamples, beam_size: int | None = None,
+                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
+                 ) -> dict[str, Any]:
+        hypotheses = self.caption(examples.inputs, beam_size, config=config, prefix=prefix, seed=seed)
         return {**caption_scores(hypotheses, examples.references), "hypotheses": hypotheses}
 
     @torch.no_grad()

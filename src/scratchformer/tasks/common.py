@@ -1,18 +1,20 @@
-"""What more than one task uses: the label-smoothed loss of sequence training, id padding, and the
-checks of recipe sections.
+"""What more than one task uses: the label-smoothed loss of sequence training, id padding, the
+checks of recipe sections, and what generation returns.
 (A task never imports another task; what two share lives here or lower.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
+__all__ = ["Generated", "check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:
@@ -80,3 +82,17 @@ def check_model_fields(config_cls: type, fields: dict[str, Any], **filled: Any) 
         raise ValueError(f"model: {e}".replace(f"{config_cls.__name__}.__init__() ", "")) from None
     except ValueError as e:
         raise ValueError(f"model: {e}") from None
+
+
+@dataclass
+class Generated:
+    """One output of a translator or captioner: its ``text``, ``tokens`` (without BOS and EOS), the
+    summed ``log_prob`` and the length-normalised ``score`` (see :func:`~scratchformer.generation.generate`)."""
+
+    text: str
+    tokens: list[int]
+    log_prob: float
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -31,8 +31,8 @@ from scratchformer.training import TrainConfig, Trainer, check_run, distributed,
 from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
-from scratchformer.generation import beam_search, greedy_decode
-from scratchformer.tasks.common import check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
+from scratchformer.generation import GenerationConfig, generate
+from scratchformer.tasks.common import Generated, check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.tools.attention_maps import plot_attention, record_attention
 
 __all__ = [
@@ -81,36 +81,52 @@ class Translator:
         limit = self.model.config.max_len - 1
         return [ids[:limit] + [self.eos] for ids in _encode(self.tokenizer, texts)]  # type: ignore[arg-type]
 
-    def translate(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[str]:
-        """Translate ``texts`` (batched by length; output in input order). beam_size 1 = greedy."""
-        return [self.tokenizer.decode(ids) for ids in self.translate_ids(texts, beam_size, batch_size)]
+    def generation_config(self, beam_size: int | None = None, **options: Any) -> GenerationConfig:
+        """The recipe's ``decoding`` section (beam 5 if it names none) and this model's special ids as
+        a :class:`GenerationConfig`, with ``beam_size`` and ``options`` on top (None: keep)."""
+        return GenerationConfig.from_decoding({"beam_size": 5, **self.decoding}, decoder_start_token_id=self.bos,
+                                              eos_token_id=self.eos, **{"num_beams": beam_size, **options})
 
     @torch.no_grad()
-    def translate_ids(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[list[int]]:
-        """As :meth:`translate`, the target token ids (without BOS and EOS) instead of text."""
-        beam_size = self.decoding.get("beam_size", 5) if beam_size is None else beam_size
-        check_batch(batch_size, beam_size)
+    def generate(self, texts: Sequence[str], config: GenerationConfig | None = None, prefix: str | None = None,
+                 seed: int | None = None, batch_size: int = 64) -> list[list[Generated]]:
+        """``config.num_return_sequences`` translations of each text (batched by length; in input
+        order): the n best of the beam, or n samples. ``prefix``: every translation starts with it
+        (its tokens are forced). ``seed``: reproducible samples (see :func:`generate`)."""
+        config = config or self.generation_config()
+        check_batch(batch_size, config.num_beams)
         sources = self.encode_sources(texts)
+        prefix_ids = None
+        if prefix:  # target-side tokens (a Marian model has a target sentencepiece model of its own)
+            target = getattr(self.tokenizer, "encode_target", None)
+            prefix_ids = target(prefix).ids if target else _encode(self.tokenizer, [prefix])[0]  # type: ignore[arg-type]
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        out: list[list[int]] = [[] for _ in sources]
-        limits = {k: self.decoding[k] for k in ("max_len_a", "max_len_b") if k in self.decoding}
-        special = {"bos_id": self.bos, "eos_id": self.eos}
+        out: list[list[Generated]] = [[] for _ in sources]
         for start in range(0, len(order), batch_size):
             index = order[start : start + batch_size]
             src = pad_ids([sources[i] for i in index], self.device, self.pad)
-            if beam_size == 1:
-                rows = [r[: r.index(self.eos)] if self.eos in r else r for r in greedy_decode(
-                    self.model, src, **special, **limits).tolist()]  # type: ignore[union-attr]
-            else:
-                hyps = beam_search(self.model, src, **special, beam_size=beam_size,
-                                   length_penalty=self.decoding.get("length_penalty", 1.0), **limits)
-                rows = [h[0].tokens[:-1] for h in hyps]
-            for i, ids in zip(index, rows):
-                out[i] = ids
+            for i, hyps in zip(index, generate(self.model, src, config, prefix_ids, seed)):
+                out[i] = [Generated(self.tokenizer.decode(h.tokens[:-1]), h.tokens[:-1], h.log_prob, h.score)
+                          for h in hyps]
         return out
 
-    def evaluate(self, sources: Sequence[str], references: Sequence[str], beam_size: int | None = None) -> dict[str, Any]:
-        hypotheses = self.translate(sources, beam_size)
+    def translate(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64,
+                  config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
+                  ) -> list[str]:
+        """Translate ``texts`` (batched by length; output in input order). beam_size 1 = greedy;
+        ``config`` (a :class:`GenerationConfig`) instead of the recipe's decoding settings; ``prefix``
+        and ``seed`` as in :meth:`generate`."""
+        config = config or self.generation_config(beam_size)
+        return [n[0].text for n in self.generate(texts, config, prefix, seed, batch_size)]
+
+    def translate_ids(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[list[int]]:
+        """As :meth:`translate`, the target token ids (without BOS and EOS) instead of text."""
+        return [n[0].tokens for n in self.generate(texts, self.generation_config(beam_size), batch_size=batch_size)]
+
+    def evaluate(self, sources: Sequence[str], references: Sequence[str], beam_size: int | None = None,
+                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
+                 ) -> dict[str, Any]:
+        hypotheses = self.translate(sources, beam_size, config=config, prefix=prefix, seed=seed)
         return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
 
     def save_pretrained(self, directory: str | Path, format: str = "hf") -> Path:

@@ -1,0 +1,97 @@
+"""One entry point for every encoder-decoder model: :func:`generate` runs greedy search, sampling
+(temperature, top-k, top-p) or beam search by a :class:`GenerationConfig`, with the key/value
+cache, a forced target prefix and the rules of :mod:`~scratchformer.generation.rules`.
+
+    hyps = generate(model, src, GenerationConfig(num_beams=4, num_return_sequences=2))
+    hyps[i][0].tokens, hyps[i][0].log_prob, hyps[i][0].score   # the best of sentence i
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from scratchformer.generation.beam import Hypothesis, beam_search
+from scratchformer.generation.config import GenerationConfig
+from scratchformer.generation.interface import EncoderDecoder, max_decode_length
+from scratchformer.generation.rules import StepRules
+from scratchformer.generation.stepwise import decode_stepwise
+
+__all__ = ["generate"]
+
+
+def _prefixes(prefix: Sequence[int] | Sequence[Sequence[int]] | None, batch: int, model: EncoderDecoder,
+              config: GenerationConfig) -> list[list[int]]:
+    """One token list per sentence (one list given: the same for all), checked against the vocabulary."""
+    if prefix is None:
+        return [[] for _ in range(batch)]
+    lists = [list(prefix)] * batch if all(isinstance(t, int) for t in prefix) else [list(p) for p in prefix]
+    if len(lists) != batch:
+        raise ValueError(f"prefix: expected one token list per source ({batch}), got {len(lists)}")
+    banned = {config.decoder_start_token_id, config.eos_token_id, model.config.pad_id}
+    for p in lists:
+        bad = [t for t in p if not isinstance(t, int) or not 0 <= t < model.config.tgt_vocab_size or t in banned]
+        if bad:
+            raise ValueError(f"prefix: tokens {bad} are not allowed (outside [0, {model.config.tgt_vocab_size}), "
+                             "or BOS, EOS or pad)")
+    return lists
+
+
+def generate(
+    model: EncoderDecoder,
+    src: Tensor,
+    config: GenerationConfig | None = None,
+    prefix: Sequence[int] | Sequence[Sequence[int]] | None = None,
+    seed: int | None = None,
+    src_padding_mask: Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode a batch by ``config``: beam search if ``num_beams > 1``, else sampling if
+    ``do_sample``, else greedy search; always with the key/value cache.
+
+    Args:
+        model: a Transformer or CaptioningTransformer in eval mode.
+        src: (B, S) source token ids (or what the model encodes, e.g. image features).
+        prefix: tokens every output must start with: one list for all sources, or one per source.
+            They are fed and scored like generated tokens; max/min_new_tokens count after them.
+        seed: sampling only: sample j of every source draws from a generator seeded with
+            ``seed + j``, so a source gets the same samples alone or in any batch (when the limit is
+            ``max_new_tokens`` or not reached: ``a * S + b`` counts the padded S, as fairseq's).
+            Different sources use the same streams.
+
+    Returns:
+        For each source, ``num_return_sequences`` hypotheses (tokens ending with EOS, without BOS;
+        ``log_prob``: the summed log-probabilities; ``score``: ``log_prob / len ** length_penalty``):
+        the best first for beam search, in drawing order for samples.
+    """
+    config = config or GenerationConfig()
+    B = src.shape[0]
+    prefixes = _prefixes(prefix, B, model, config)
+    room = model.config.max_len - 1 - max(len(p) for p in prefixes)  # decoder positions left after BOS + prefix
+    if room < 1:
+        raise ValueError(f"prefix: {max(len(p) for p in prefixes)} tokens leave no room within the model's "
+                         f"max_len={model.config.max_len}")
+    wanted = config.max_new_tokens or max_decode_length(model, src.shape[1], config.max_len_a, config.max_len_b)
+    new_tokens = min(wanted, room)
+    if config.min_new_tokens >= new_tokens:
+        raise ValueError(f"min_new_tokens={config.min_new_tokens} must be < the {new_tokens} new tokens allowed here "
+                         "(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)")
+    rules = StepRules(config, model.config.pad_id, prefixes, new_tokens, src.device)
+    if config.num_beams > 1:
+        return beam_search(model, src, bos_id=config.decoder_start_token_id, eos_id=config.eos_token_id,
+                           beam_size=config.num_beams, length_penalty=config.length_penalty,
+                           src_padding_mask=src_padding_mask, n_best=config.num_return_sequences, rules=rules)
+    n = config.num_return_sequences
+    generators = None
+    if config.do_sample and seed is not None:
+        generators = [torch.Generator(device=src.device).manual_seed(seed + j) for _ in range(B) for j in range(n)]
+    tokens, log_prob, _ = decode_stepwise(model, src, config, rules, src_padding_mask=src_padding_mask,
+                                          generators=generators)
+    out: list[list[Hypothesis]] = []
+    for row, (ids, lp) in enumerate(zip(tokens.tolist(), log_prob.tolist())):
+        ids = ids[: ids.index(config.eos_token_id) + 1]
+        if row % n == 0:
+            out.append([])
+        out[-1].append(Hypothesis(ids, lp, lp / len(ids) ** config.length_penalty))
+    return out
