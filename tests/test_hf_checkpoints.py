@@ -333,6 +333,49 @@ def test_translate_a_marian_directory_python_and_cli(marian, capsys, tmp_path: P
         assert torch.equal(generate_as_ours(again, 63, **batch), out)
 
 
+def test_marian_with_separate_vocabularies(tmp_path: Path) -> None:
+    """share_encoder_decoder_embeddings=False: vocab.json + target_vocab.json, source.spm + target.spm,
+    decoder_vocab_size; logits, tokenisation both ways and translations as transformers'."""
+    src_pieces = train_spm(sentences(WORDS_DE, 400, 0), tmp_path / "source.spm")
+    tgt_pieces = train_spm(sentences(WORDS_EN, 400, 1), tmp_path / "target.spm")
+    vocabs = []
+    for name, pieces in (("vocab.json", src_pieces), ("target_vocab.json", tgt_pieces)):
+        vocab = {"</s>": 0, "<unk>": 1, "<pad>": 2}
+        for piece in pieces:
+            vocab.setdefault(piece, len(vocab))
+        (tmp_path / name).write_text(json.dumps(vocab, ensure_ascii=False))
+        vocabs.append(vocab)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
+    config = transformers.MarianConfig(
+        vocab_size=len(vocabs[0]), decoder_vocab_size=len(vocabs[1]), share_encoder_decoder_embeddings=False,
+        d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=2, eos_token_id=0,
+        decoder_start_token_id=2, scale_embedding=True, dropout=0.0, init_std=0.15)
+    torch.manual_seed(4)
+    hf = transformers.MarianMTModel(config).eval()
+    perturb(hf, 4)
+    with torch.no_grad():
+        hf.final_logits_bias.normal_(0.0, 0.1)
+        hf.final_logits_bias[0, 0] += EOS_BOOST
+    hf.save_pretrained(tmp_path)
+    ours, special, _ = load_marian(tmp_path)
+    assert (ours.config.src_vocab_size, ours.config.tgt_vocab_size) == (len(vocabs[0]), len(vocabs[1]))
+    theirs_tok, ours_tok = transformers.MarianTokenizer.from_pretrained(tmp_path), MarianTokenizer(tmp_path)
+    for text in TEXTS:
+        assert ours_tok.encode(text).ids + [0] == theirs_tok(text).input_ids
+    ids = list(range(len(vocabs[1])))
+    assert ours_tok.decode(ids) == theirs_tok.decode(ids, skip_special_tokens=True)  # target vocabulary and spm
+    batch = theirs_tok(TEXTS[:3], return_tensors="pt", padding=True)
+    tgt, tgt_mask = padded_batch([[2, 5, 9, 11], [2, 7], [2, 8, 8]], 2)
+    tgt_mask[:, 0] = True
+    with torch.no_grad():
+        ref = hf(**batch, decoder_input_ids=tgt).logits
+        assert max_diff_where(ours(batch.input_ids, tgt), ref, tgt_mask) < 1e-5
+        expected = theirs_tok.batch_decode(generate_as_ours(hf, 63, **batch), skip_special_tokens=True)
+    assert all(expected), expected
+    assert load_translator(tmp_path, device="cpu").translate(TEXTS[:3], beam_size=1) == expected
+
+
 def test_marian_checks(marian, tmp_path: Path) -> None:
     directory, hf = marian
     pickled = tmp_path / "pickled"
