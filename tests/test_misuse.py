@@ -245,6 +245,21 @@ def test_temporaries_of_an_interrupted_save_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
 
 
+def test_a_save_killed_after_its_swap_is_cleaned_up_on_resume(tmp_path: Path) -> None:
+    """Killed after the new checkpoint was swapped in but before last.old was removed, in the run's
+    final save: the resumed run has nothing left to save, so the resume itself cleans up."""
+    from scratchformer.training.checkpoint import finish_interrupted_save
+
+    model = torch.nn.Linear(2, 2)
+    save_checkpoint(tmp_path / "last", model, {"kind": "x"})
+    save_checkpoint(tmp_path / "last.old", model, {"kind": "x"})  # what the kill leaves
+    (tmp_path / ".last.tmp-abc123").mkdir()
+    finish_interrupted_save(tmp_path / "last.missing")  # nothing whole there: nothing touched
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".last.tmp-abc123", "last", "last.old"]
+    finish_interrupted_save(tmp_path / "last")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+
+
 def test_a_crash_in_the_save_after_resuming_from_old_leaves_a_checkpoint(tmp_path: Path, monkeypatch) -> None:
     """Resumed from last.old (last was missing): the next save must not delete last.old before the
     new checkpoint is in place."""

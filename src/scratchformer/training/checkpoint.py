@@ -33,7 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
-__all__ = ["average_checkpoints", "load_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
+__all__ = ["average_checkpoints", "finish_interrupted_save", "load_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
            "resolve_checkpoint", "save_checkpoint", "verified_weights"]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
@@ -74,6 +74,17 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+def finish_interrupted_save(directory: str | Path) -> None:
+    """Complete the clean-up of a save killed after its swap: with ``directory`` whole, remove a left
+    ``NAME.old`` and temporaries (otherwise the next save does; a resumed run may not save again)."""
+    directory = Path(directory)
+    if not (directory / CONFIG).is_file():
+        return
+    shutil.rmtree(directory.with_name(directory.name + ".old"), ignore_errors=True)
+    for stale in directory.parent.glob(f".{directory.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _fsync_dir_files(directory: Path) -> None:

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from scratchformer.training import distributed
 from scratchformer.training.checkpoint import (
     average_checkpoints,
+    finish_interrupted_save,
     load_training_state,
     load_weights,
     save_checkpoint,
@@ -335,6 +336,7 @@ class Trainer:
                              "each rank's position in the epoch and its RNG state depend on the number of processes")
         if self.world.is_main:
             load_weights(self.model, last)
+            finish_interrupted_save(last)
         if "rng_ranks" in state:
             state["rng"] = state["rng_ranks"][self.world.rank]
         return state
