@@ -86,7 +86,7 @@ def generate(
     generators = None
     if config.do_sample and seed is not None:
         generators = [torch.Generator(device=src.device).manual_seed(seed + j) for _ in range(B) for j in range(n)]
-    tokens, log_prob, _ = decode_stepwise(model, src, config, rules, src_padding_mask=src_padding_mask,
+    tokens, log_prob, _ = decode_stepwise(model, src, rules, src_padding_mask=src_padding_mask,
                                           generators=generators)
     out: list[list[Hypothesis]] = []
     for row, (ids, lp) in enumerate(zip(tokens.tolist(), log_prob.tolist())):

@@ -49,4 +49,4 @@ def sample_decode(
     rules = StepRules.plain(bos_id, eos_id, model.config.pad_id, src.shape[0],
                             max_decode_length(model, src.shape[1], max_len_a, max_len_b), src.device,
                             do_sample=True, temperature=temperature, num_return_sequences=num_samples)
-    return decode_stepwise(model, src, rules.config, rules, src_padding_mask=src_padding_mask, generators=generator)[0]
+    return decode_stepwise(model, src, rules, src_padding_mask=src_padding_mask, generators=generator)[0]

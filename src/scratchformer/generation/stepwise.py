@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from scratchformer.generation.config import GenerationConfig
 from scratchformer.generation.interface import EncoderDecoder, check_logits, start_decoding
 from scratchformer.generation.rules import StepRules
 
@@ -45,7 +44,6 @@ def _draw(scores: Tensor, generators: Sequence[torch.Generator] | torch.Generato
 def decode_stepwise(
     model: EncoderDecoder,
     src: Tensor,
-    config: GenerationConfig,
     rules: StepRules,
     *,
     src_padding_mask: Tensor | None = None,
@@ -53,15 +51,16 @@ def decode_stepwise(
     use_cache: bool = True,
     return_logits: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Greedy search or sampling (``config.do_sample``), one token per step for every row.
+    """Greedy search or sampling (``rules.config.do_sample``), one token per step for every row.
 
-    Row ``i * n + j`` is sample j of source i (n = ``config.num_return_sequences``).
+    Row ``i * n + j`` is sample j of source i (n = ``rules.config.num_return_sequences``).
 
     Returns:
         tokens (B * n, L) without the BOS, each row ending with EOS then pad (or EOS without a
         pad_id); the summed log-probabilities (B * n,) of the model's softmax for the emitted
         tokens (prefix and EOS included); the (B * n, L, V) logits if asked.
     """
+    config = rules.config
     bos, eos, n = config.decoder_start_token_id, config.eos_token_id, config.num_return_sequences
     memory, src_padding_mask, cache = start_decoding(model, src, bos, eos, src_padding_mask)
     if n > 1:

@@ -119,10 +119,6 @@ class Translator:
         config = config or self.generation_config(beam_size)
         return [n[0].text for n in self.generate(texts, config, prefix, seed, batch_size)]
 
-    def translate_ids(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64) -> list[list[int]]:
-        """As :meth:`translate`, the target token ids (without BOS and EOS) instead of text."""
-        return [n[0].tokens for n in self.generate(texts, self.generation_config(beam_size), batch_size=batch_size)]
-
     def evaluate(self, sources: Sequence[str], references: Sequence[str], beam_size: int | None = None,
                  config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
                  ) -> dict[str, Any]:
@@ -343,8 +339,8 @@ def translation_attention_maps(
     cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tgt_ids = translator.translate_ids([text], beam_size=beam_size)[0]  # the generated ids, not re-encoded text
-    translation = translator.tokenizer.decode(tgt_ids)
+    best = translator.generate([text], translator.generation_config(beam_size))[0][0]
+    translation, tgt_ids = best.text, best.tokens  # the generated ids, not the text encoded again
     src_ids = translator.encode_sources([text])[0]
 
     def label(i: int) -> str:  # pieces decoded one by one; "▁" marks a word start

@@ -53,8 +53,7 @@ def save_checkpoint(
     if old.exists() and not (directory / CONFIG).is_file():  # an earlier swap was interrupted: old is the checkpoint
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(old, directory)
-    for stale in directory.parent.glob(f".{directory.name}.tmp-*"):  # left by an interrupted save
-        shutil.rmtree(stale, ignore_errors=True)
+    _remove_temporaries(directory)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         save_model(model, str(tmp / WEIGHTS))
@@ -83,6 +82,11 @@ def finish_interrupted_save(directory: str | Path) -> None:
     if not (directory / CONFIG).is_file():
         return
     shutil.rmtree(directory.with_name(directory.name + ".old"), ignore_errors=True)
+    _remove_temporaries(directory)
+
+
+def _remove_temporaries(directory: Path) -> None:
+    """The temporary directories an interrupted save of ``directory`` left beside it."""
     for stale in directory.parent.glob(f".{directory.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
 
