@@ -56,13 +56,19 @@ class Case:
 
 @dataclass
 class Group:
-    """Cases timed together, interleaved; ``warmup`` untimed rounds, then ``repeats`` timed ones."""
+    """Cases timed together, interleaved; ``warmup`` untimed rounds, then ``repeats`` timed ones.
+    ``precision``: "fp32" or "bf16" for a group run in one precision ("": its cases say)."""
 
     name: str
     cases: list[Case]
     repeats: int = 5
     warmup: int = 1
     note: str = ""
+    precision: str = ""
+
+    @property
+    def title(self) -> str:
+        return f"{self.name}, {self.precision}" if self.precision else self.name
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,7 +1,9 @@
-"""Run the benchmark suite: ``python -m benchmarks.run [--size smoke|full] [--device cpu|cuda] [--only ...]``.
+"""Run the benchmark suite: ``python -m benchmarks.run [--size smoke|full] [--device cpu|cuda]
+[--precision fp32|bf16|both] [--only ...]``.
 
 Writes ``benchmarks/results/<size>-<device>.md`` (the tables, the machine, the targets),
-``.json`` (every timing) and ``.png`` (a bar chart of the ratios to the references).
+``.json`` (every timing) and ``.png`` (a bar chart of the ratios to the references); with one
+precision only, ``<size>-<device>-<precision>.*``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from benchmarks.harness import Group, run_group
 from benchmarks.report import machine_description, targets, write_markdown, write_png
-from benchmarks.suite import BUILDERS, GROUPS, SIZES
+from benchmarks.suite import BUILDERS, GROUPS, ONCE, PRECISIONS, SIZES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -29,7 +31,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]; on CUDA every row runs in bf16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--precision", choices=[*PRECISIONS, "both"], default="both",
+                        help="fp32, bf16 (inference models cast to bf16, training under bf16 autocast) or both "
+                             "(default), each group once per precision")
     parser.add_argument("--only", default=",".join(g for g in GROUPS if g != "gpt2"),
                         help=f"comma-separated groups among {','.join(GROUPS)} (default: all but gpt2, which "
                              "is added on CUDA)")
@@ -50,6 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         print("gpt2 (decoder-only MFU) runs on CUDA only; skipped", file=sys.stderr)
         only.remove("gpt2")
     args.groups = [g for g in GROUPS if g in only]
+    args.precisions = list(PRECISIONS) if args.precision == "both" else [args.precision]
     return args
 
 
@@ -66,8 +72,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     start = time.perf_counter()
     groups: list[Group] = []
     for name in args.groups:
-        for group in BUILDERS[name](size, args.device):
-            print(f"{group.name} ({group.repeats} rounds after {group.warmup} warm-up)", flush=True)
+        for group in (g for p in ([""] if name in ONCE else args.precisions) for g in BUILDERS[name](size, args.device, p)):
+            print(f"{group.title} ({group.repeats} rounds after {group.warmup} warm-up)", flush=True)
             run_group(group, args.device)
             groups.append(group)
             # free this group's models before building the next one
@@ -75,14 +81,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
                 case.fn = case.warmup_fn = None  # type: ignore[assignment]
     elapsed = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{args.size}-{args.device.type}"
-    met = targets(groups, args.size == "full" and args.device.type == "cpu")
+    stem = f"{args.size}-{args.device.type}" + ("" if args.precision == "both" else f"-{args.precision}")
+    met = targets(groups)
     md = write_markdown(args.out / f"{stem}.md", groups, machine, command, elapsed, met)
     write_png(args.out / f"{stem}.png", groups, machine)
     raw = {
         "command": command, "machine": machine, "elapsed_s": elapsed, "pid_nice": os.nice(0),
         "platform": platform.platform(),
-        "groups": [{"name": g.name, "note": g.note, "repeats": g.repeats, "cases": [
+        "groups": [{"name": g.name, "precision": g.precision, "note": g.note, "repeats": g.repeats, "cases": [
             {"row": c.row, "impl": c.impl, "times_s": c.times, "tokens": c.tokens, "flops": c.flops,
              "references": list(c.references), "precision": c.precision} for c in g.cases]} for g in groups],
         "targets": met,

@@ -3,14 +3,19 @@
 Ours are ``sf.optimize``d (the speed paths of scratchformer.fast, as the tasks use them). Every
 model has random weights (no download) and dropout 0 (the references and ours then do the
 same arithmetic; dropout would time the random-number generator, not the model). Inference runs
-under ``torch.inference_mode()`` (which also lets ``torch.nn``'s fast path engage); on CUDA the
-inference models are cast to bf16 and training uses bf16 autocast.
+under ``torch.inference_mode()`` (which also lets ``torch.nn``'s fast path engage).
+
+Every row runs in the precision it is built for (``--precision``): in fp32; or in bf16, where the
+inference models (ours and the references alike) are cast to bf16, and a training step runs
+under bf16 autocast with fp32 weights, as the recipes train. Every optimizer is torch's fused
+AdamW where the device has it (our Trainer's choice, and Hugging Face Trainer's default).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -27,6 +32,9 @@ OURS, OURS_SKIP = "scratchformer Encoder", "scratchformer Encoder, skip_padding"
 OURS_BERT, OURS_BERT_SKIP = "scratchformer ContextualEncoder", "scratchformer ContextualEncoder, skip_padding"
 BERT = "transformers BertModel"
 GROUPS = ("peak", "inference", "training", "seq2seq", "decoding", "precision", "compile", "gpt2")
+PRECISIONS = ("fp32", "bf16")
+ONCE = ("peak", "precision", "gpt2")  # groups that set their own precision (run once, not per precision)
+FUSED_ADAMW = ("cpu", "cuda")
 
 
 @dataclass
@@ -133,11 +141,14 @@ class Models:
         return [self.ours, self.ours_skip, self.torch, self.ours_bert, self.ours_bert_skip, self.bert]
 
 
-def inference_groups(size: Size, device: torch.device) -> list[Group]:
-    """Encoder inference, each shape without and with 25% padding."""
+def dtype_of(precision: str) -> torch.dtype:
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def inference_groups(size: Size, device: torch.device, precision: str) -> list[Group]:
+    """Encoder inference, each shape without and with 25% padding (models cast to the precision)."""
     models = Models(size, device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    precision = "bf16" if device.type == "cuda" else "fp32"
+    dtype = dtype_of(precision)
     for m in models.all():
         m.eval().to(dtype)
     groups = []
@@ -172,17 +183,18 @@ def inference_groups(size: Size, device: torch.device) -> list[Group]:
                 cases.insert(5, case(OURS_BERT_SKIP, partial(models.ours_bert_skip, tokens, mask),
                                      (BERT, OURS_BERT)))
             repeats = size.latency_repeats if B * T <= 64 else size.repeats
-            groups.append(Group(f"encoder inference {row}", cases, repeats))
+            groups.append(Group(f"encoder inference {row}", cases, repeats, precision=precision))
     return groups
 
 
-def _train_step(model: nn.Module, forward: Callable[[], Tensor], device: torch.device) -> Callable[[], object]:
-    """One step: forward, a scalar loss, backward, AdamW (bf16 autocast on CUDA)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+def _train_step(model: nn.Module, forward: Callable[[], Tensor], device: torch.device,
+                precision: str) -> Callable[[], object]:
+    """One step: forward (under bf16 autocast for "bf16"), a scalar loss, backward, fused AdamW."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type in FUSED_ADAMW)
 
     def step() -> object:
         opt.zero_grad(set_to_none=True)
-        with autocast(device, device.type == "cuda"):
+        with autocast(device, precision == "bf16"):
             loss = forward().float().square().mean()
         loss.backward()
         opt.step()
@@ -191,7 +203,7 @@ def _train_step(model: nn.Module, forward: Callable[[], Tensor], device: torch.d
     return step
 
 
-def training_groups(size: Size, device: torch.device) -> list[Group]:
+def training_groups(size: Size, device: torch.device, precision: str) -> list[Group]:
     """Encoder training step (no padding), ours vs torch.nn and vs BertModel."""
     models = Models(size, device)
     for m in models.all():
@@ -200,21 +212,21 @@ def training_groups(size: Size, device: torch.device) -> list[Group]:
     x = torch.randn(B, T, size.d_model, device=device)
     tokens = torch.randint(1, size.vocab, (B, T), device=device)
     flops = 3 * encoder_flops(size, [T] * B)  # backward costs twice the forward
-    precision = "bf16" if device.type == "cuda" else "fp32"
     row = f"B{B}xT{T}"
     cases = [
-        Case(row, OURS, _train_step(models.ours, lambda: models.ours(x), device), B * T, flops, ("torch.nn",),
-             precision),
-        Case(row, "torch.nn", _train_step(models.torch, lambda: models.torch(x), device), B * T, flops, (), precision),
-        Case(row, OURS_BERT, _train_step(models.ours_bert, lambda: models.ours_bert(tokens), device), B * T, flops,
-             (BERT,), precision),
-        Case(row, BERT, _train_step(models.bert, lambda: models.bert(input_ids=tokens).last_hidden_state, device),
-             B * T, flops, (), precision),
+        Case(row, OURS, _train_step(models.ours, lambda: models.ours(x), device, precision), B * T, flops,
+             ("torch.nn",), precision),
+        Case(row, "torch.nn", _train_step(models.torch, lambda: models.torch(x), device, precision), B * T, flops,
+             (), precision),
+        Case(row, OURS_BERT, _train_step(models.ours_bert, lambda: models.ours_bert(tokens), device, precision),
+             B * T, flops, (BERT,), precision),
+        Case(row, BERT, _train_step(models.bert, lambda: models.bert(input_ids=tokens).last_hidden_state, device,
+                                    precision), B * T, flops, (), precision),
     ]
-    return [Group("encoder training step (forward, backward, AdamW)", cases, size.repeats)]
+    return [Group("encoder training step (forward, backward, AdamW)", cases, size.repeats, precision=precision)]
 
 
-def seq2seq_group(size: Size, device: torch.device) -> list[Group]:
+def seq2seq_group(size: Size, device: torch.device, precision: str) -> list[Group]:
     """Encoder-decoder training step, our stacks vs ``torch.nn.Transformer`` (embedded inputs)."""
     torch.manual_seed(0)
     D, H, F, N = size.d_model, size.heads, size.d_ff, size.layers
@@ -229,20 +241,19 @@ def seq2seq_group(size: Size, device: torch.device) -> list[Group]:
     linear = linear_params(size) + linear_params(size, decoder=True)
     attention = 4.0 * D * N * B * (L * L + 2 * L * L)  # encoder self; decoder self and cross
     flops = 3 * (2.0 * linear * B * L + attention)
-    precision = "bf16" if device.type == "cuda" else "fp32"
     row = f"6+6 layers, B{B}, S=T={L}" if N == 6 else f"{N}+{N} layers, B{B}, S=T={L}"
     cases = [
-        Case(row, "scratchformer Encoder + Decoder", _train_step(ours, lambda: decoder(tgt, encoder(src)), device),
+        Case(row, "scratchformer Encoder + Decoder", _train_step(ours, lambda: decoder(tgt, encoder(src)), device, precision),
              2 * B * L, flops, ("torch.nn.Transformer",), precision),
         Case(row, "torch.nn.Transformer",
-             _train_step(ref, lambda: ref(src, tgt, tgt_mask=causal, tgt_is_causal=True), device),
+             _train_step(ref, lambda: ref(src, tgt, tgt_mask=causal, tgt_is_causal=True), device, precision),
              2 * B * L, flops, (), precision),
     ]
     return [Group("encoder-decoder training step (forward, backward, AdamW)", cases, size.repeats,
-                  note="tokens = source + target tokens")]
+                  note="tokens = source + target tokens", precision=precision)]
 
 
-def decoding_groups(size: Size, device: torch.device) -> list[Group]:
+def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Group]:
     """Greedy with the KV cache vs recomputing the prefix; beam 5 and top-p sampling vs greedy (exactly
     ``new_tokens`` each)."""
     torch.manual_seed(0)
@@ -251,9 +262,7 @@ def decoding_groups(size: Size, device: torch.device) -> list[Group]:
         src_vocab_size=size.vocab, tgt_vocab_size=size.vocab, d_model=size.d_model, num_heads=size.heads,
         d_ff=size.d_ff, num_encoder_layers=size.layers, num_decoder_layers=size.layers, dropout=0.0, max_len=512,
     )
-    model = sf.optimize(sf.Transformer(cfg).to(device).eval())
-    if device.type == "cuda":
-        model.to(torch.bfloat16)
+    model = sf.optimize(sf.Transformer(cfg).to(device).eval()).to(dtype_of(precision))
     with torch.no_grad():
         model.generator.bias[eos] = -1e4  # never finish early: every row generates exactly new_tokens
     groups = []
@@ -278,20 +287,20 @@ def decoding_groups(size: Size, device: torch.device) -> list[Group]:
         short = min(4, size.new_tokens)
         cases = [
             Case(row, "greedy, KV cache", partial(decode, True), n, references=("greedy, recompute prefix",),
-                 warmup_fn=partial(decode, True, steps=short)),
+                 precision=precision, warmup_fn=partial(decode, True, steps=short)),
             Case(row, "greedy, recompute prefix", partial(decode, False), n,
-                 warmup_fn=partial(decode, False, steps=short)),
+                 precision=precision, warmup_fn=partial(decode, False, steps=short)),
             Case(row, "beam 5, KV cache", partial(decode, True, beam=5), n, references=("greedy, KV cache",),
-                 warmup_fn=partial(decode, True, beam=5, steps=short)),
+                 precision=precision, warmup_fn=partial(decode, True, beam=5, steps=short)),
             Case(row, "top-p 0.9 sampling, KV cache", partial(decode, True, top_p=0.9), n,
-                 references=("greedy, KV cache",), warmup_fn=partial(decode, True, steps=short, top_p=0.9)),
+                 references=("greedy, KV cache",), precision=precision, warmup_fn=partial(decode, True, steps=short, top_p=0.9)),
         ]
-        groups.append(Group(f"decoding {row}", cases, size.repeats,
+        groups.append(Group(f"decoding {row}", cases, size.repeats, precision=precision,
                             note="tokens = new tokens of the batch (beam: of the best hypotheses)"))
     return groups
 
 
-def precision_group(size: Size, device: torch.device) -> list[Group]:
+def precision_group(size: Size, device: torch.device, precision: str = "") -> list[Group]:
     """Our encoder in bf16 autocast vs fp32 (inference, the first shape)."""
     models = Models(size, device)
     ours = models.ours.eval()
@@ -311,24 +320,25 @@ def precision_group(size: Size, device: torch.device) -> list[Group]:
     return [Group("encoder inference, bf16 vs fp32", cases, size.repeats)]
 
 
-def compile_group(size: Size, device: torch.device) -> list[Group]:
-    """``torch.compile`` of our encoder vs eager (inference, the first shape; compiling is in the warm-up)."""
+def compile_group(size: Size, device: torch.device, precision: str) -> list[Group]:
+    """``torch.compile`` of our encoder vs eager (inference, the first shape); the first call, which
+    compiles, is timed on its own and reported in the group's note."""
     models = Models(size, device)
-    ours = models.ours.eval()
-    if device.type == "cuda":
-        ours.to(torch.bfloat16)
+    ours = models.ours.eval().to(dtype_of(precision))
     compiled = torch.compile(ours)
     B, T = size.shapes[0]
-    x = torch.randn(B, T, size.d_model, device=device, dtype=next(ours.parameters()).dtype)
+    x = torch.randn(B, T, size.d_model, device=device, dtype=dtype_of(precision))
     flops = encoder_flops(size, [T] * B)
-    precision = "bf16" if device.type == "cuda" else "fp32"
+    start = time.perf_counter()
+    inference(lambda: compiled(x))()
+    compile_s = time.perf_counter() - start
     cases = [
         Case(f"B{B}xT{T}", "scratchformer Encoder, eager", inference(lambda: ours(x)), B * T, flops, (), precision),
         Case(f"B{B}xT{T}", "scratchformer Encoder, torch.compile", inference(lambda: compiled(x)), B * T, flops,
              ("scratchformer Encoder, eager",), precision),
     ]
-    return [Group("encoder inference, torch.compile vs eager", cases, size.repeats,
-                  note="the first (warm-up) call compiles")]
+    return [Group("encoder inference, torch.compile vs eager", cases, size.repeats, precision=precision,
+                  note=f"the first call compiled in {compile_s:.1f} s (not in the timings)")]
 
 
 class DecoderOnlyLM(nn.Module):
@@ -362,7 +372,7 @@ def gpu_peak_tflops(device: torch.device) -> float | None:
     return None
 
 
-def gpt2_group(size: Size, device: torch.device) -> list[Group]:
+def gpt2_group(size: Size, device: torch.device, precision: str = "") -> list[Group]:
     """GPT-2-small decoder-only training step (D=768, 12 layers, T=1024), bf16 autocast; CUDA only."""
     D, layers, heads, T, B, vocab = size.gpt
     torch.manual_seed(0)
@@ -386,7 +396,7 @@ def gpt2_group(size: Size, device: torch.device) -> list[Group]:
     return [Group("GPT-2-small decoder-only training step, bf16", [case], size.repeats, warmup=2)]
 
 
-def matmul_peak_group(size: Size, device: torch.device) -> list[Group]:
+def matmul_peak_group(size: Size, device: torch.device, precision: str = "") -> list[Group]:
     """Large square ``torch.matmul`` in fp32 and bf16: the machine's measured peak."""
     n = size.matmul_n if device.type == "cpu" else 8192
     a32 = torch.randn(n, n, device=device)
@@ -400,7 +410,7 @@ def matmul_peak_group(size: Size, device: torch.device) -> list[Group]:
     return [Group("matmul peak", cases, max(size.repeats, 5))]
 
 
-BUILDERS: dict[str, Callable[[Size, torch.device], list[Group]]] = {
+BUILDERS: dict[str, Callable[[Size, torch.device, str], list[Group]]] = {
     "peak": matmul_peak_group,
     "inference": inference_groups,
     "training": training_groups,

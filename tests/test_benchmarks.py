@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,20 +17,33 @@ def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
     groups = "peak,inference,training,seq2seq,decoding,precision"
     raw = run.main(["--size", "smoke", "--only", groups, "--repeats", "2", "--out", str(tmp_path)])
     md = (tmp_path / "smoke-cpu.md").read_text()
-    for header in ("matmul peak", "encoder inference B4xT16, 25% padding", "encoder training step",
-                   "encoder-decoder training step", "decoding batch 2", "bf16 vs fp32", "Targets (issue 7)"):
+    for header in ("matmul peak", "encoder inference B4xT16, 25% padding, fp32", "encoder inference B4xT16, bf16",
+                   "encoder training step (forward, backward, AdamW), bf16", "encoder-decoder training step",
+                   "decoding batch 2, 4 new tokens, bf16", "bf16 vs fp32", "Targets (issue 17)"):
         assert header in md
     assert (tmp_path / "smoke-cpu.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "smoke-cpu.json").read_text())
     assert saved["command"] == raw["command"]
     cases = [c for g in saved["groups"] for c in g["cases"]]
-    assert len(cases) >= 40
+    assert len(cases) >= 80
     assert all(len(c["times_s"]) == g["repeats"] >= 2 and min(c["times_s"]) > 0
                for g in saved["groups"] for c in g["cases"])
     impls = {c["impl"] for c in cases}
     assert {"scratchformer Encoder, skip_padding", "torch.nn fast path", "transformers BertModel",
             "torch.nn.Transformer", "greedy, recompute prefix", "beam 5, KV cache"} <= impls
-    assert saved["targets"] and all(t["value"] > 0 for t in saved["targets"])
+    by_precision = {p: [c for g in saved["groups"] if g["precision"] == p for c in g["cases"]] for p in ("fp32", "bf16")}
+    assert len(by_precision["fp32"]) == len(by_precision["bf16"]) >= 40  # every row in both precisions
+    assert all(c["precision"] == p for p, cs in by_precision.items() for c in cs)
+    targets = saved["targets"]
+    assert targets and all(t["value"] > 0 for t in targets)
+    assert {t["target"].split(": ")[0].rsplit(", ", 1)[-1] for t in targets} == {"fp32", "bf16"}
+
+
+def test_one_precision_and_the_compile_time(tmp_path: Path) -> None:
+    run.main(["--size", "smoke", "--only", "compile", "--precision", "bf16", "--repeats", "1", "--out", str(tmp_path)])
+    md = (tmp_path / "smoke-cpu-bf16.md").read_text()
+    assert "torch.compile vs eager, bf16" in md and "fp32" not in md.split("## ", 2)[-1]
+    assert re.search(r"the first call compiled in \d+\.\d s", md)
 
 
 def test_interleaving_and_padding_lengths() -> None:

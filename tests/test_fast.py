@@ -1,8 +1,9 @@
 """The speed paths (scratchformer.fast, switched on by ``optimize``) give the values of core/:
-skip_padding (packed real tokens) as the plain path and as torch.nn's nested-tensor fast path
-(which also skips padding); FastLayerNorm's hand-written backward and FastFeedForward's in-place
-ReLU as the core modules, forward and backward; a whole optimized Transformer as the core one;
-the KV cache's growable buffer (generation/) as torch.cat."""
+skip_padding (packed real tokens, attention per sequence) as the plain path and as torch.nn's
+nested-tensor fast path (which also skips padding); FastLayerNorm (ATen's kernel) and
+FastFeedForward's in-place ReLU as the core modules, forward and backward, in fp32 and bf16;
+FastEncoderLayer alone and in its stack, under every mask and under bf16 autocast; a whole
+optimized Transformer as the core one; the KV cache's growable buffer (generation/) as torch.cat."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from helpers import TOL, backward_with, copy_into_reference, encoder_layer_pairi
 from torch import nn
 
 import scratchformer as sf
-from scratchformer.fast import FastEncoder, FastFeedForward, FastLayerNorm, Packing, optimize
+from scratchformer.fast import FastEncoder, FastEncoderLayer, FastFeedForward, FastLayerNorm, Packing, optimize
+from scratchformer.fast.attention import packed_self_attention
 
 D, H, FF, N = 32, 4, 64, 2
 
@@ -116,8 +118,8 @@ def test_packing_round_trip_and_errors() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_layer_norm_and_feed_forward_equal_core_forward_and_backward(dtype: torch.dtype) -> None:
-    """The hand-written LayerNorm backward against autograd through the core formula, and the
-    in-place ReLU against the plain one: same outputs, same gradients for input and parameters."""
+    """ATen's LayerNorm against autograd through the core formula, and the in-place ReLU against
+    the plain one: same outputs, same gradients for input and parameters."""
     torch.manual_seed(0)
     tol = TOL if dtype == torch.float32 else 2e-2
     for core in (sf.LayerNorm(D), sf.PositionwiseFeedForward(D, FF, dropout=0.0)):
@@ -193,3 +195,96 @@ def test_all_real_padding_mask_runs_unmasked_and_bad_masks_still_fail() -> None:
         assert max_diff(_skipping(ours)(x, full), ours(x)) <= TOL
     with pytest.raises(ValueError, match="key_padding_mask"):
         fast(x, torch.ones(4, 10, dtype=torch.bool))
+
+
+def test_fast_layer_norm_mixed_precision_keeps_fp32_affine_and_input_dtype() -> None:
+    """bf16 input with fp32 gamma/beta (a model in fp32 fed bf16): statistics and affine in fp32,
+    one rounding to bf16 at the end, as the core module; bf16 in, bf16 out; fp32 in, fp32 out."""
+    torch.manual_seed(0)
+    core = sf.LayerNorm(D, eps=1e-12)
+    randomize_norms(core)
+    fast = optimize(copy.deepcopy(core))
+    x = (torch.randn(4, 7, D) * 30 + 5).bfloat16()
+    with torch.no_grad():
+        out_core, out_fast = core(x), fast(x)
+        exact = core(x.double())  # fp64 reference of the same formula
+    assert out_fast.dtype == torch.bfloat16 == out_core.dtype
+    bound = 2**-8 * exact.abs().max().item()  # one rounding to bf16 (8 significant bits)
+    assert max_diff(out_fast.double(), exact) <= bound and max_diff(out_fast.float(), out_core.float()) <= 2 * bound
+    assert fast(x.float()).dtype == torch.float32
+    with pytest.raises(ValueError, match="last dim 32"):
+        fast(torch.zeros(2, 5))
+
+
+def _masks() -> tuple[torch.Tensor, torch.Tensor]:
+    """A key-padding mask with holes (not only trailing padding) and a fully padded row, and an
+    attention mask."""
+    kpm = torch.tensor([[1, 1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0], [1] * 9, [0, 1, 1, 1, 0, 0, 0, 0, 0]],
+                       dtype=torch.bool)
+    return kpm, torch.rand(9, 9, generator=torch.Generator().manual_seed(4)) > 0.3
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["postLN", "preLN"])
+def test_fast_encoder_layer_alone_equals_core_layer_with_every_mask(norm_first: bool) -> None:
+    torch.manual_seed(0)
+    core = sf.EncoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first, activation="gelu")
+    randomize_norms(core)
+    fast = optimize(copy.deepcopy(core))
+    assert isinstance(fast, FastEncoderLayer)
+    x, _ = _batch()
+    kpm, attn = _masks()
+    for masks in ({}, {"key_padding_mask": kpm}, {"attn_mask": attn}, {"key_padding_mask": kpm, "attn_mask": attn}):
+        results = []
+        for layer in (core, fast):
+            xi = x.clone().requires_grad_(True)
+            out = layer(xi, **masks)
+            backward_with(out)
+            results.append((out, xi.grad, [p.grad.clone() for p in layer.parameters()]))
+            layer.zero_grad()
+        (o0, gx0, gp0), (o1, gx1, gp1) = results
+        assert max_diff(o0, o1) <= TOL and max_diff(gx0, gx1) <= TOL, masks
+        assert max(max_diff(a, b) for a, b in zip(gp0, gp1)) <= TOL, masks
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        fast(x, key_padding_mask=kpm[:, :5])
+
+
+def test_per_sequence_attention_equals_masked_attention_with_holes() -> None:
+    """Packed attention, one sequence at a time, against the core module on the padded batch under
+    the key-padding mask (real queries compared; a fully padded row has no packed tokens)."""
+    torch.manual_seed(0)
+    attn = sf.MultiHeadAttention(D, H)
+    x, _ = _batch()
+    kpm, _ = _masks()
+    packing = Packing.from_mask(kpm)
+    assert packing.lengths == [7, 0, 9, 3]
+    with torch.no_grad():
+        expected, _ = attn(x, key_padding_mask=kpm)
+        got = packing.unpack(packed_self_attention(attn, packing.pack(x), packing.lengths))
+    assert max_diff(got[kpm], expected[kpm]) <= TOL
+    # mutation check: attending across sequences (one sequence of all N tokens) is not the same
+    with torch.no_grad():
+        wrong = packing.unpack(packed_self_attention(attn, packing.pack(x), [len(packing)]))
+    assert max_diff(wrong[kpm], expected[kpm]) > 0.01
+
+
+@pytest.mark.parametrize("skip_padding", [False, True], ids=["padded", "skip_padding"])
+def test_optimized_encoder_under_bf16_autocast_equals_core_forward_and_backward(skip_padding: bool) -> None:
+    """Under autocast the sub-layers return bf16 and the residual stream stays fp32: the in-place
+    residual must then add out of place (a bf16 result would lose the stream's precision)."""
+    core = _encoder(norm_first=True).train()  # dropout 0: deterministic
+    fast = optimize(copy.deepcopy(core), skip_padding=skip_padding)
+    x, mask = _batch()
+    results = []
+    for model in (core, fast):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(xi, mask)
+        assert out.dtype == torch.float32
+        backward_with(out * mask[..., None])
+        results.append((out, xi.grad, [p.grad.clone() for p in model.parameters()]))
+    (o0, gx0, gp0), (o1, gx1, gp1) = results
+    assert max_diff(o0[mask], o1[mask]) <= 2e-2 and max_diff(gx0, gx1) <= 2e-2
+    assert max(max_diff(a, b) / (a.abs().max().item() + 1e-6) for a, b in zip(gp0, gp1)) <= 5e-2
+    with torch.no_grad():  # and bf16 end to end (the model cast), against the fp32 core
+        got = optimize(copy.deepcopy(core), skip_padding=skip_padding).bfloat16()(x.bfloat16(), mask).float()
+        assert max_diff(got[mask], core(x, mask)[mask]) <= 0.1

@@ -157,6 +157,13 @@ def test_bf16_autocast_training_runs_on_cpu(tmp_path: Path) -> None:
     assert all(math.isfinite(x) for x in result.losses) and result.losses[-1] < result.losses[0]
 
 
+def test_the_optimizer_is_torch_fused_adamw_on_cpu(tmp_path: Path) -> None:
+    """One kernel for all parameters (torch's fused AdamW; Hugging Face Trainer's default too)."""
+    Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=1)).fit()
+    state = torch.load(tmp_path / "last" / "training_state.pt", weights_only=True)
+    assert all(group["fused"] is True for group in state["optimizer"]["param_groups"])
+
+
 def test_paper_schedule_is_inverse_sqrt_with_warmup() -> None:
     d_model, warmup = 512, 4000
     peak = (d_model * warmup) ** -0.5

@@ -3,7 +3,7 @@
     y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta
 
 over the last dimension, biased variance, eps inside the root (as ``torch.nn.LayerNorm``); fp16/bf16
-statistics in float32. :class:`scratchformer.fast.FastLayerNorm` adds a hand-derived backward.
+statistics in float32. :class:`scratchformer.fast.FastLayerNorm` computes the same with ATen's fused kernel.
 """
 
 from __future__ import annotations

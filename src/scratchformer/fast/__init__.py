@@ -5,9 +5,11 @@ switches them on, in place:
     model = optimize(model)                      # the tasks and benchmarks do this
     model = optimize(model, skip_padding=True)   # encoders also skip padded positions
 
-    LayerNorm                -> FastLayerNorm    hand-written backward, fused affine
-    PositionwiseFeedForward  -> FastFeedForward  ReLU in place
-    Encoder                  -> FastEncoder      drops an all-real padding mask; packs real tokens
+    LayerNorm                -> FastLayerNorm     ATen's fused layer_norm kernel
+    PositionwiseFeedForward  -> FastFeedForward   ReLU in place
+    EncoderLayer             -> FastEncoderLayer  residuals in place, the stack's prepared mask
+    Encoder                  -> FastEncoder       mask merged once; drops an all-real padding mask;
+                                                  packs real tokens, attention per sequence
 
 The KV cache's growing buffer, the other speed path, lives with decoding in ``generation/``.
 """
@@ -16,18 +18,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from scratchformer.core.encoder import Encoder
+from scratchformer.core.encoder import Encoder, EncoderLayer
 from scratchformer.core.feedforward import PositionwiseFeedForward
 from scratchformer.core.layer_norm import LayerNorm
-from scratchformer.fast.encoder import FastEncoder
+from scratchformer.fast.attention import StackMask
+from scratchformer.fast.encoder import FastEncoder, FastEncoderLayer
 from scratchformer.fast.feedforward import FastFeedForward
 from scratchformer.fast.layer_norm import FastLayerNorm
 from scratchformer.fast.packing import Packing
 
-__all__ = ["FastEncoder", "FastFeedForward", "FastLayerNorm", "Packing", "optimize"]
+__all__ = ["FastEncoder", "FastEncoderLayer", "FastFeedForward", "FastLayerNorm", "Packing", "StackMask", "optimize"]
 
 _FAST: dict[type[nn.Module], type[nn.Module]] = {
     LayerNorm: FastLayerNorm, PositionwiseFeedForward: FastFeedForward, Encoder: FastEncoder,
+    EncoderLayer: FastEncoderLayer,
 }
 
 

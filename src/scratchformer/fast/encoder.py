@@ -1,32 +1,74 @@
-"""The encoder stack with two shortcuts around padding: the same values as
-:class:`scratchformer.core.encoder.Encoder` at every real position.
+"""The encoder stack and layer, fast: the same values as :mod:`scratchformer.core.encoder` at
+every real position, with
 
-* A padding mask that marks every position real is dropped (read once on the host), so attention
-  runs its unmasked, fastest kernel.
-* With ``skip_padding`` the layers compute the N real tokens only (:mod:`.packing`): projections,
-  feed-forward, LayerNorms and residuals run on an (N, D) matrix; only attention itself unpacks to
-  (B, T). Padded positions come out as zeros, as in ``torch.nn.TransformerEncoder``'s
-  nested-tensor fast path.
+* the mask checked and merged once per stack (:class:`~.attention.StackMask`), not per layer;
+* residuals added in place into the sub-layer's fresh output (one (B, T, D) tensor fewer each);
+* a padding mask that marks every position real dropped (read on the host, CPU only: no device
+  sync on a GPU), so attention runs its unmasked kernel;
+* with ``skip_padding``, the N real tokens only (:mod:`.packing`): projections, feed-forward,
+  LayerNorms and residuals on an (N, D) matrix, attention sequence by sequence on each one's own
+  tokens (variable length; with an ``attn_mask`` as well, on the unpacked (B, T) grid). Padded
+  positions come out as zeros, as in ``torch.nn.TransformerEncoder``'s nested-tensor fast path.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from collections.abc import Callable
 
-from scratchformer.core.attention import MultiHeadAttention, scaled_dot_product_attention
+import torch
+from torch import Tensor, nn
+
+from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.core.checks import check_features
 from scratchformer.core.encoder import Encoder, EncoderLayer
-from scratchformer.core.masks import expand_attention_mask
+from scratchformer.fast.attention import StackMask, packed_self_attention, self_attention
 from scratchformer.fast.packing import Packing
 
-__all__ = ["FastEncoder"]
+__all__ = ["FastEncoder", "FastEncoderLayer"]
+
+Attention = Callable[[MultiHeadAttention, Tensor], Tensor]  # (module, x) -> attention output, x's shape
+
+
+def _residual(x: Tensor, fresh: Tensor) -> Tensor:
+    """x + fresh, written into ``fresh`` (a sub-layer's new output, saved by nothing) when it can be."""
+    return fresh.add_(x) if fresh.dtype == x.dtype and fresh.shape == x.shape else x + fresh
+
+
+def _dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
+    """``dropout(x)``, without the module call when it is the identity (eval, or p = 0)."""
+    return dropout(x) if dropout.training and dropout.p > 0 else x
+
+
+class FastEncoderLayer(EncoderLayer):
+    """:class:`EncoderLayer` (same parameters) with residuals in place; in a :class:`FastEncoder`
+    it takes the stack's prepared mask."""
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        """As :meth:`EncoderLayer.forward`."""
+        if _watched(self):
+            return super().forward(x, key_padding_mask, attn_mask)
+        check_features("x", x, "(B, S, D)", self.self_attn.d_model)
+        B, S, _ = x.shape
+        mask = StackMask.build(key_padding_mask, attn_mask, B, self.self_attn.num_heads, S, S)
+        return self.sublayers(x, lambda attn, y: self_attention(attn, y, mask))
+
+    def sublayers(self, x: Tensor, attention: Attention) -> Tensor:
+        """The two residual sub-layers around ``attention`` (post-LN, or pre-LN with norm_first);
+        x may be (B, T, D) or packed (N, D)."""
+        def ff_block(y: Tensor) -> Tensor:
+            return _dropout(self.dropout2, self.feed_forward(y))
+
+        if self.norm_first:
+            x = _residual(x, _dropout(self.dropout1, attention(self.self_attn, self.norm1(x))))
+            return _residual(x, ff_block(self.norm2(x)))
+        x = self.norm1(_residual(x, _dropout(self.dropout1, attention(self.self_attn, x))))
+        return self.norm2(_residual(x, ff_block(x)))
 
 
 class FastEncoder(Encoder):
-    """:class:`Encoder` (same parameters) with the padding shortcuts; ``skip_padding`` is set by
-    :func:`scratchformer.fast.optimize`. With hooks on its attention modules (attention maps) it
-    runs the readable path, which calls them."""
+    """:class:`Encoder` (same parameters) whose stack prepares the mask once; ``skip_padding`` is
+    set by :func:`scratchformer.fast.optimize`. With hooks on its attention modules (attention
+    maps) it runs the readable path, which calls them."""
 
     skip_padding: bool = False
 
@@ -35,50 +77,42 @@ class FastEncoder(Encoder):
         """As :meth:`Encoder.forward`; with ``skip_padding`` the output is zero at padded positions."""
         if _all_real(key_padding_mask, x):
             key_padding_mask = None  # no padding at all: attention may run its unmasked kernel
-        if not self.skip_padding or key_padding_mask is None or _watched(self):
+        if any(type(layer) is not FastEncoderLayer or _watched(layer) for layer in self.layers):
             return super().forward(x, key_padding_mask, attn_mask, output_hidden_states)
         check_features("x", x, "(B, S, D)", None)
-        packing = Packing.from_mask(key_padding_mask)
+        B, T = x.shape[:2]
         heads = self.layers[0].self_attn.num_heads if len(self.layers) else 1
-        mask = expand_attention_mask(key_padding_mask, attn_mask, x.shape[0], heads, x.shape[1], x.shape[1])
-        hidden, h = [x], packing.pack(x)  # (N, D)
+        packing = Packing.from_mask(key_padding_mask) if self.skip_padding and key_padding_mask is not None else None
+        attention: Attention
+        if packing is None:
+            mask = StackMask.build(key_padding_mask, attn_mask, B, heads, T, T)
+            attention = lambda attn, y: self_attention(attn, y, mask)  # noqa: E731
+            unpack: Callable[[Tensor], Tensor] = lambda y: y  # noqa: E731
+            h = x
+        else:
+            if attn_mask is None:  # each sequence attends to its own real tokens: no mask at all
+                attention = lambda attn, y: packed_self_attention(attn, y, packing.lengths)  # noqa: E731
+            else:
+                mask = StackMask.build(key_padding_mask, attn_mask, B, heads, T, T)
+                attention = lambda attn, y: packing.pack(self_attention(attn, packing.unpack(y), mask))  # noqa: E731
+            unpack, h = packing.unpack, packing.pack(x)  # (N, D)
+        hidden = [x]
         for layer in self.layers:
-            h = _packed_layer(layer, h, packing, mask)
+            h = layer.sublayers(h, attention)
             if output_hidden_states:
-                hidden.append(packing.unpack(h))
-        out = packing.unpack(h if self.norm is None else self.norm(h))
+                hidden.append(unpack(h))
+        out = unpack(h if self.norm is None else self.norm(h))
         return (out, hidden) if output_hidden_states else out
 
 
-def _watched(encoder: Encoder) -> bool:
-    """Whether hooks watch an attention module (attention maps): the packed path would not call it."""
-    return any(m._forward_hooks or m._forward_pre_hooks for m in encoder.modules() if isinstance(m, MultiHeadAttention))
+def _watched(layer: EncoderLayer) -> bool:
+    """Whether hooks watch the layer's attention module (attention maps): the fast path would not call it."""
+    return bool(layer.self_attn._forward_hooks or layer.self_attn._forward_pre_hooks)
 
 
 def _all_real(key_padding_mask: Tensor | None, x: Tensor) -> bool:
-    """Whether a well-formed (B, S) bool padding mask marks every position real (reads it on the host)."""
-    return (key_padding_mask is not None and key_padding_mask.dtype == torch.bool
-            and tuple(key_padding_mask.shape) == tuple(x.shape[:2]) and not torch.compiler.is_compiling()
-            and bool(key_padding_mask.all()))
-
-
-def _packed_layer(layer: EncoderLayer, h: Tensor, packing: Packing, mask: Tensor | None) -> Tensor:
-    """``EncoderLayer.forward`` on packed tokens h (N, D): the same sub-layers and residuals."""
-    def sa_block(y: Tensor) -> Tensor:
-        return layer.dropout1(_packed_self_attention(layer.self_attn, y, packing, mask))
-
-    if layer.norm_first:
-        h = h + sa_block(layer.norm1(h))
-        return h + layer._ff_block(layer.norm2(h))
-    h = layer.norm1(h + sa_block(h))
-    return layer.norm2(h + layer._ff_block(h))
-
-
-def _packed_self_attention(attn: MultiHeadAttention, x: Tensor, packing: Packing, mask: Tensor | None) -> Tensor:
-    """Self-attention of packed tokens x (N, D) -> (N, D): the projections on the N tokens, the
-    attention itself on the unpacked (B, H, T, T) grid under ``mask``."""
-    B, T, D = packing.batch, packing.length, attn.d_model
-    q, k, v = (attn._split_heads(packing.unpack(t)) for t in attn.qkv_proj(x).split(D, dim=-1))  # (B, H, T, d_k)
-    out, _ = scaled_dot_product_attention(q, k, v, mask, dropout_p=attn.dropout if attn.training else 0.0,
-                                          scale=attn.scale)
-    return attn.out_proj(packing.pack(out.transpose(1, 2).reshape(B, T, D)))
+    """Whether a well-formed (B, S) bool padding mask marks every position real (read on the host,
+    so on CPU only: on a GPU it would wait for the device)."""
+    return (key_padding_mask is not None and key_padding_mask.dtype == torch.bool and x.device.type == "cpu"
+            and key_padding_mask.device.type == "cpu" and tuple(key_padding_mask.shape) == tuple(x.shape[:2])
+            and not torch.compiler.is_compiling() and bool(key_padding_mask.all()))

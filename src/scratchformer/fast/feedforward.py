@@ -21,4 +21,4 @@ class FastFeedForward(PositionwiseFeedForward):
         check_features("x", x, "(B, L, D)", self.linear1.in_features, dims=None)
         h = self.linear1(x)
         h = F.relu(h, inplace=True) if self.activation == "relu" else ACTIVATIONS[self.activation](h)
-        return self.linear2(self.dropout(h))
+        return self.linear2(self.dropout(h) if self.dropout.training and self.dropout.p > 0 else h)

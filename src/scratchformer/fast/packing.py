@@ -3,9 +3,9 @@
 A padded batch (B, T) with a key-padding mask holds N <= B * T real tokens. Everything in an
 encoder layer except attention treats each position on its own (the Q/K/V and output
 projections, the feed-forward network, the LayerNorms, the residuals), so it can run on the
-(N, D) matrix of real tokens: with 25% padding that is 25% fewer FLOPs. Only attention needs the
-(B, T) layout, and gets it back for the moment it runs (padding filled with zeros and masked).
-The result at padded positions is zero, as in ``torch.nn.TransformerEncoder``'s nested-tensor
+(N, D) matrix of real tokens: with 25% padding that is 25% fewer FLOPs. Attention runs on each
+sequence's own slice of the N tokens (its ``lengths``), so it skips the padding too; only an extra
+``attn_mask`` needs the (B, T) layout back (padding filled with zeros and masked). The result at padded positions is zero, as in ``torch.nn.TransformerEncoder``'s nested-tensor
 fast path.
 """
 
@@ -27,10 +27,12 @@ class Packing:
     Attributes:
         index: (N,) positions of the real tokens in the flattened (B * T) grid, in order.
         key_padding_mask: (B, T) bool, True at real tokens (the mask it was built from).
+        lengths: the real tokens of each of the B sequences (summing to N), on the host.
     """
 
     index: Tensor
     key_padding_mask: Tensor
+    lengths: list[int]
 
     @classmethod
     def from_mask(cls, key_padding_mask: Tensor) -> Packing:
@@ -39,7 +41,7 @@ class Packing:
             raise ValueError(f"key_padding_mask: expected shape (B, T), got {tuple(key_padding_mask.shape)}")
         check_mask("key_padding_mask", key_padding_mask, [tuple(key_padding_mask.shape)], ["(B, T)"])
         index = key_padding_mask.reshape(-1).nonzero().squeeze(1)
-        return cls(index, key_padding_mask)
+        return cls(index, key_padding_mask, key_padding_mask.sum(dim=1).tolist())
 
     @property
     def batch(self) -> int:

@@ -1,0 +1,76 @@
+"""Self-attention for the fast encoder: the mask prepared once per stack, and attention over
+packed real tokens one sequence at a time (variable length), so padding costs nothing in attention
+either. The same values as :class:`scratchformer.core.attention.MultiHeadAttention`.
+
+The core attention checks and merges its masks, and finds the queries that may attend to no key,
+in every layer; here a stack does it once (:class:`StackMask`) and every layer reuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from scratchformer.core.attention import MultiHeadAttention
+from scratchformer.core.masks import expand_attention_mask
+
+__all__ = ["StackMask", "packed_self_attention", "self_attention"]
+
+
+@dataclass
+class StackMask:
+    """One stack's attention mask, checked and merged once for all its layers.
+
+    Attributes:
+        mask: (B|1, H|1, T|1, S) bool, True = may attend, with the queries that may attend to no
+            key opened to every key (they are zeroed afterwards), or None (no mask).
+        no_key: (B|1, H|1, T|1, 1) bool, True at the queries that may attend to no key, or None.
+    """
+
+    mask: Tensor | None
+    no_key: Tensor | None
+
+    @classmethod
+    def build(cls, key_padding_mask: Tensor | None, attn_mask: Tensor | None, batch: int, heads: int,
+              T: int, S: int) -> StackMask:
+        """From the masks of :meth:`MultiHeadAttention.forward` (checked here, as there)."""
+        mask = expand_attention_mask(key_padding_mask, attn_mask, batch, heads, T, S)
+        if mask is None:
+            return cls(None, None)
+        no_key = ~mask.any(dim=-1, keepdim=True)
+        return cls(mask | no_key, no_key)
+
+
+def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """The fused kernel on (B, H, L, d_k) heads, with the layer's scale and dropout."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn.dropout if attn.training else 0.0,
+                                          scale=attn.scale)
+
+
+def self_attention(attn: MultiHeadAttention, x: Tensor, stack_mask: StackMask) -> Tensor:
+    """``attn(x)[0]`` for x (B, T, D) under a prepared mask: (B, T, D)."""
+    B, T, D = x.shape
+    q, k, v = attn.qkv_proj(x).view(B, T, 3, attn.num_heads, attn.d_k).permute(2, 0, 3, 1, 4)  # (B, H, T, d_k) each
+    out = _attend(attn, q, k, v, stack_mask.mask)
+    if stack_mask.no_key is not None:
+        out = out.masked_fill(stack_mask.no_key, 0.0)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))
+
+
+def packed_self_attention(attn: MultiHeadAttention, x: Tensor, lengths: list[int]) -> Tensor:
+    """Self-attention of packed tokens x (N, D), sequence after sequence (``lengths``, summing to
+    N), each attending to its own tokens only: (N, D). No padding is computed or masked."""
+    D, H = attn.d_model, attn.num_heads
+    qkv = attn.qkv_proj(x)  # (N, 3D)
+    outs, start = [], 0
+    for n in lengths:
+        if n:
+            # (n, 3D) -> three (1, H, n, d_k) views
+            q, k, v = qkv[start:start + n].view(1, n, 3, H, attn.d_k).permute(2, 0, 3, 1, 4)
+            outs.append(_attend(attn, q, k, v, None).transpose(1, 2).reshape(n, D))
+            start += n
+    out = torch.cat(outs) if len(outs) > 1 else outs[0] if outs else qkv.new_zeros(0, D)
+    return attn.out_proj(out)
