@@ -288,3 +288,35 @@ def test_optimized_encoder_under_bf16_autocast_equals_core_forward_and_backward(
     with torch.no_grad():  # and bf16 end to end (the model cast), against the fp32 core
         got = optimize(copy.deepcopy(core), skip_padding=skip_padding).bfloat16()(x.bfloat16(), mask).float()
         assert max_diff(got[mask], core(x, mask)[mask]) <= 0.1
+
+
+def test_single_bf16_query_attends_in_fp32_as_the_core_formula() -> None:
+    """A decoding step (one query) in bf16: the fast module computes the core's explicit formula in
+    fp32; against fp64 and the core module, with padding and weights on request; and a whole
+    KV-cached greedy search in bf16 gives the fp32 core model's tokens."""
+    from scratchformer.fast import FastMultiHeadAttention
+
+    torch.manual_seed(0)
+    core = sf.MultiHeadAttention(D, H).bfloat16().eval()
+    fast = optimize(copy.deepcopy(core))
+    assert isinstance(fast, FastMultiHeadAttention)
+    q, mem = torch.randn(3, 1, D).bfloat16(), torch.randn(3, 11, D).bfloat16()
+    kpm = torch.arange(11)[None, :] < torch.tensor([11, 4, 7])[:, None]
+    with torch.no_grad():
+        exact, exact_w = copy.deepcopy(core).double()(q.double(), mem.double(), key_padding_mask=kpm, need_weights=True)
+        out_core, _ = core(q, mem, key_padding_mask=kpm)
+        out_fast, w_fast = fast(q, mem, key_padding_mask=kpm, need_weights=True)
+        out_plain, none = fast(q, mem, key_padding_mask=kpm)
+    assert out_fast.dtype == torch.bfloat16 and none is None and torch.equal(out_plain, out_fast)
+    assert max_diff(out_fast.double(), exact) <= 1e-2 and max_diff(out_fast.float(), out_core.float()) <= 1e-2
+    assert max_diff(w_fast.double(), exact_w) <= 1e-2
+    assert torch.all(w_fast[1, :, :, 4:] == 0)  # padded keys get no weight
+
+    cfg = sf.TransformerConfig(30, 30, d_model=D, num_heads=H, d_ff=FF, num_encoder_layers=N, num_decoder_layers=N,
+                               dropout=0.0)
+    model = sf.Transformer(cfg).eval()
+    src = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
+    with torch.no_grad():
+        expected = sf.greedy_decode(model, src, bos_id=1, eos_id=2, max_len_b=8)
+        got = sf.greedy_decode(optimize(copy.deepcopy(model)).bfloat16(), src, bos_id=1, eos_id=2, max_len_b=8)
+    assert torch.equal(got, expected)

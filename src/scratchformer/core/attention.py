@@ -146,7 +146,12 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)
 
         mask = expand_attention_mask(key_padding_mask, attn_mask, B, self.num_heads, T, k.shape[2])
-        out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
-                                                    dropout_p=self.dropout if self.training else 0.0, scale=self.scale)
+        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
         out = out.transpose(1, 2).reshape(B, T, D)  # concatenate the heads: (B, T, D)
         return self.out_proj(out), weights
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Attention of the heads q (B, H, T, d_k) to k, v (B, H, S, d_k) (a speed path may override)."""
+        return scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
+                                            dropout_p=self.dropout if self.training else 0.0, scale=self.scale)

@@ -57,7 +57,10 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 def fold_causal(mask: Tensor | None, is_causal: bool, T: int, S: int, device: torch.device,
                 force: bool = False) -> tuple[Tensor | None, bool]:
     """(mask, is_causal) with the causal mask ANDed into ``mask``, unless the fused kernel can apply
-    it alone (``is_causal`` with no other mask and T == S, and not ``force``)."""
+    it alone (``is_causal`` with no other mask and T == S, and not ``force``). A single query (the
+    last position, as when decoding with a cache) may see every key: nothing to hide."""
+    if is_causal and T == 1:
+        return mask, False
     if is_causal and (mask is not None or force or T != S):
         return combine_masks(mask, causal_mask(T, S, device=device)), False
     return mask, is_causal

@@ -8,6 +8,8 @@ switches them on, in place:
     LayerNorm                -> FastLayerNorm     ATen's fused layer_norm kernel
     PositionwiseFeedForward  -> FastFeedForward   ReLU in place
     EncoderLayer             -> FastEncoderLayer  residuals in place, the stack's prepared mask
+    MultiHeadAttention       -> FastMultiHeadAttention  a single bf16/fp16 query (decoding) in fp32,
+                                                  by the explicit formula
     Encoder                  -> FastEncoder       mask merged once; drops an all-real padding mask;
                                                   packs real tokens, attention per sequence
 
@@ -18,20 +20,22 @@ from __future__ import annotations
 
 from torch import nn
 
+from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.core.encoder import Encoder, EncoderLayer
 from scratchformer.core.feedforward import PositionwiseFeedForward
 from scratchformer.core.layer_norm import LayerNorm
-from scratchformer.fast.attention import StackMask
+from scratchformer.fast.attention import FastMultiHeadAttention, StackMask
 from scratchformer.fast.encoder import FastEncoder, FastEncoderLayer
 from scratchformer.fast.feedforward import FastFeedForward
 from scratchformer.fast.layer_norm import FastLayerNorm
 from scratchformer.fast.packing import Packing
 
-__all__ = ["FastEncoder", "FastEncoderLayer", "FastFeedForward", "FastLayerNorm", "Packing", "StackMask", "optimize"]
+__all__ = ["FastEncoder", "FastEncoderLayer", "FastFeedForward", "FastLayerNorm", "FastMultiHeadAttention", "Packing",
+           "StackMask", "optimize"]
 
 _FAST: dict[type[nn.Module], type[nn.Module]] = {
     LayerNorm: FastLayerNorm, PositionwiseFeedForward: FastFeedForward, Encoder: FastEncoder,
-    EncoderLayer: FastEncoderLayer,
+    EncoderLayer: FastEncoderLayer, MultiHeadAttention: FastMultiHeadAttention,
 }
 
 

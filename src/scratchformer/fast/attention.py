@@ -1,6 +1,7 @@
-"""Self-attention for the fast encoder: the mask prepared once per stack, and attention over
-packed real tokens one sequence at a time (variable length), so padding costs nothing in attention
-either. The same values as :class:`scratchformer.core.attention.MultiHeadAttention`.
+"""Attention, fast: for the encoder, the mask prepared once per stack and attention over packed
+real tokens one sequence at a time (variable length), so padding costs nothing in attention
+either; for decoding, a single bf16 query attends in fp32 by the explicit formula. The same
+values as :class:`scratchformer.core.attention.MultiHeadAttention`.
 
 The core attention checks and merges its masks, and finds the queries that may attend to no key,
 in every layer; here a stack does it once (:class:`StackMask`) and every layer reuses it.
@@ -14,10 +15,12 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from scratchformer.core.attention import MultiHeadAttention
+from scratchformer.core.attention import MultiHeadAttention, scaled_dot_product_attention
 from scratchformer.core.masks import expand_attention_mask
 
-__all__ = ["StackMask", "packed_self_attention", "self_attention"]
+__all__ = ["FastMultiHeadAttention", "StackMask", "packed_self_attention", "self_attention"]
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -74,3 +77,18 @@ def packed_self_attention(attn: MultiHeadAttention, x: Tensor, lengths: list[int
             start += n
     out = torch.cat(outs) if len(outs) > 1 else outs[0] if outs else qkv.new_zeros(0, D)
     return attn.out_proj(out)
+
+
+class FastMultiHeadAttention(MultiHeadAttention):
+    """:class:`MultiHeadAttention` (same parameters) whose single query in bf16/fp16 on CPU (a
+    decoding step with the KV cache) attends by the core's explicit formula in fp32: ATen's fused
+    CPU kernel costs about 0.3 ms per call there whatever the size (2.5x the explicit formula at
+    64 keys), and fp32 scores are also more exact."""
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if q.shape[-2] == 1 and q.dtype in _HALF and q.device.type == "cpu" and not (self.training and self.dropout):
+            out, weights = scaled_dot_product_attention(q.float(), k.float(), v.float(), mask, is_causal=is_causal,
+                                                        need_weights=True, scale=self.scale)
+            return out.to(q.dtype), weights.to(q.dtype) if need_weights and weights is not None else None
+        return super()._attend(q, k, v, mask, is_causal, need_weights)

@@ -64,6 +64,8 @@ def start_decoding(
     if src_padding_mask is None:
         src_padding_mask = model.source_padding_mask(src)
     memory = model.encode(src, src_padding_mask)
+    if src_padding_mask is not None and bool(src_padding_mask.all()):
+        src_padding_mask = None  # no padding: every step's cross-attention runs unmasked (read once, here)
     return memory, src_padding_mask, DecoderCache(len(model.decoder.layers))
 
 
