@@ -13,22 +13,29 @@ from benchmarks.harness import Case, Group
 from benchmarks.suite import BERT, FAST, OURS, OURS_BERT, OURS_BERT_SKIP, OURS_SKIP, gpu_peak_tflops
 
 
+MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
 def machine_description(device: torch.device) -> str:
-    """One line: CPU model, cores, threads, torch and transformers versions, GPU if used."""
-    cpu = platform.processor() or platform.machine()
+    """One line: CPU model and its matmul-relevant flags, cores, threads, torch and transformers
+    versions, GPU if used."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())  # the first processor's
     except OSError:
         pass
+    cpu = info.get("model name") or platform.processor() or platform.machine()
+    present = set(info.get("flags", "").split())
+    flags = " ".join(f for f in MATMUL_FLAGS if f in present) if present else "unknown"
     import transformers
 
-    text = (f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; torch {torch.__version__}, "
-            f"transformers {transformers.__version__}; Python {platform.python_version()}")
+    text = (f"{cpu} (flags: {flags or 'none of ' + ' '.join(MATMUL_FLAGS)}), {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads; "
+            f"torch {torch.__version__}, transformers {transformers.__version__}; Python {platform.python_version()}")
     if device.type == "cuda":
-        text += f"; GPU {torch.cuda.get_device_name(device)} (every row in bf16)"
+        text += f"; GPU {torch.cuda.get_device_name(device)}"
     return text
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import platform
 import shlex
@@ -23,7 +24,7 @@ import torch
 
 from benchmarks.harness import Group, run_group
 from benchmarks.report import machine_description, targets, write_markdown, write_png
-from benchmarks.suite import BUILDERS, GROUPS, ONCE, PRECISIONS, SIZES
+from benchmarks.suite import BUILDERS, GROUPS, ONCE, PRECISIONS, SIZES, Size
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -41,6 +42,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per group (default: the size's)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the .md, .json and .png")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every group in this process (default: each builder and precision in a fresh one)")
     args = parser.parse_args(argv)
     only = [g.strip() for g in args.only.split(",") if g.strip()]
     unknown = sorted(set(only) - set(GROUPS))
@@ -59,6 +62,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def run_builder(name: str, size: Size, device: str, precision: str, threads: int | None) -> list[Group]:
+    """Build and time the groups of one builder at one precision; returns them without their models."""
+    if threads:
+        torch.set_num_threads(threads)
+    groups = BUILDERS[name](size, torch.device(device), precision)
+    for group in groups:
+        print(f"{group.title} ({group.repeats} rounds after {group.warmup} warm-up)", flush=True)
+        run_group(group, torch.device(device))
+        for case in group.cases:  # free this group's models before the next one (and let it pickle)
+            case.fn = case.warmup_fn = None  # type: ignore[assignment]
+    return groups
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     args = parse_args(argv)
     if args.threads:
@@ -72,13 +88,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     start = time.perf_counter()
     groups: list[Group] = []
     for name in args.groups:
-        for group in (g for p in ([""] if name in ONCE else args.precisions) for g in BUILDERS[name](size, args.device, p)):
-            print(f"{group.title} ({group.repeats} rounds after {group.warmup} warm-up)", flush=True)
-            run_group(group, args.device)
-            groups.append(group)
-            # free this group's models before building the next one
-            for case in group.cases:
-                case.fn = case.warmup_fn = None  # type: ignore[assignment]
+        for precision in [""] if name in ONCE else args.precisions:
+            job = (name, size, str(args.device), precision, args.threads)
+            if args.in_process:
+                groups += run_builder(*job)
+            else:  # a fresh process: no group inherits another's allocator state or warm caches
+                with multiprocessing.get_context("spawn").Pool(1) as pool:
+                    groups += pool.apply(run_builder, job)
     elapsed = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{args.size}-{args.device.type}" + ("" if args.precision == "both" else f"-{args.precision}")

@@ -15,7 +15,7 @@ from benchmarks.suite import padded_lengths
 
 def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
     groups = "peak,inference,training,seq2seq,decoding,precision"
-    raw = run.main(["--size", "smoke", "--only", groups, "--repeats", "2", "--out", str(tmp_path)])
+    raw = run.main(["--size", "smoke", "--only", groups, "--repeats", "2", "--in-process", "--out", str(tmp_path)])
     md = (tmp_path / "smoke-cpu.md").read_text()
     for header in ("matmul peak", "encoder inference B4xT16, 25% padding, fp32", "encoder inference B4xT16, bf16",
                    "encoder training step (forward, backward, AdamW), bf16", "encoder-decoder training step",
