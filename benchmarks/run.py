@@ -18,6 +18,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -93,8 +94,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
             if args.in_process:
                 groups += run_builder(*job)
             else:  # a fresh process: no group inherits another's allocator state or warm caches
-                with multiprocessing.get_context("spawn").Pool(1) as pool:
-                    groups += pool.apply(run_builder, job)
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as worker:
+                    groups += worker.submit(run_builder, *job).result()
     elapsed = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{args.size}-{args.device.type}" + ("" if args.precision == "both" else f"-{args.precision}")

@@ -59,3 +59,16 @@ def test_interleaving_and_padding_lengths() -> None:
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(SystemExit):
         run.parse_args(["--only", "inference,bogus"])
+
+
+def test_profile_of_one_row_names_every_implementation(tmp_path: Path) -> None:
+    from benchmarks import profile
+
+    profile.main(["--size", "smoke", "--group", "training", "--row", "B2xT16", "--precision", "bf16", "--rounds", "1",
+                  "--out", str(tmp_path)])
+    text = (tmp_path / "profile-training-B2xT16-bf16.txt").read_text()
+    for impl in ("scratchformer Encoder", "torch.nn", "scratchformer ContextualEncoder", "transformers BertModel"):
+        assert f"== {impl}: " in text
+    assert "aten::" in text
+    with pytest.raises(SystemExit):
+        profile.main(["--size", "smoke", "--group", "training", "--row", "B9xT9", "--out", str(tmp_path)])
