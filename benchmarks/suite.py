@@ -26,6 +26,7 @@ from torch import Tensor, nn
 import scratchformer as sf
 from benchmarks.harness import Case, Group
 from scratchformer.generation import beam_search
+from scratchformer.training.trainer import FUSED_ADAMW_DEVICES
 
 FAST, SLOW = "torch.nn fast path", "torch.nn fast path off"
 OURS, OURS_SKIP = "scratchformer Encoder", "scratchformer Encoder, skip_padding"
@@ -34,7 +35,6 @@ BERT = "transformers BertModel"
 GROUPS = ("peak", "inference", "training", "seq2seq", "decoding", "precision", "compile", "gpt2")
 PRECISIONS = ("fp32", "bf16")
 ONCE = ("peak", "precision", "gpt2")  # groups that set their own precision (run once, not per precision)
-FUSED_ADAMW = ("cpu", "cuda")
 
 
 @dataclass
@@ -190,7 +190,7 @@ def inference_groups(size: Size, device: torch.device, precision: str) -> list[G
 def _train_step(model: nn.Module, forward: Callable[[], Tensor], device: torch.device,
                 precision: str) -> Callable[[], object]:
     """One step: forward (under bf16 autocast for "bf16"), a scalar loss, backward, fused AdamW."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type in FUSED_ADAMW)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type in FUSED_ADAMW_DEVICES)
 
     def step() -> object:
         opt.zero_grad(set_to_none=True)

@@ -320,3 +320,21 @@ def test_single_bf16_query_attends_in_fp32_as_the_core_formula() -> None:
         expected = sf.greedy_decode(model, src, bos_id=1, eos_id=2, max_len_b=8)
         got = sf.greedy_decode(optimize(copy.deepcopy(model)).bfloat16(), src, bos_id=1, eos_id=2, max_len_b=8)
     assert torch.equal(got, expected)
+
+
+def test_hooks_on_a_layer_or_its_modules_fire_and_see_their_own_outputs() -> None:
+    """A hook on a layer, or one keeping a sub-module's output (activation capture), makes the stack
+    run the readable path: the hook fires, and what it kept is not overwritten by an in-place
+    residual."""
+    core = _encoder(norm_first=False)
+    fast = optimize(copy.deepcopy(core))
+    x, mask = _batch()
+    kept: dict[str, list[torch.Tensor]] = {"core": [], "fast": []}
+    calls = []
+    for name, model in (("core", core), ("fast", fast)):
+        model.layers[0].feed_forward.register_forward_hook(lambda m, i, out, name=name: kept[name].append(out))
+    fast.layers[1].register_forward_pre_hook(lambda m, i: calls.append(1))
+    with torch.no_grad():
+        assert max_diff(core(x, mask), fast(x, mask)) <= TOL
+    assert calls == [1] and len(kept["fast"]) == 1
+    assert max_diff(kept["core"][0], kept["fast"][0]) <= TOL

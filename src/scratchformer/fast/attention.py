@@ -15,12 +15,11 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from scratchformer.core.attention import MultiHeadAttention, scaled_dot_product_attention
+from scratchformer.core.attention import _HALF, MultiHeadAttention, scaled_dot_product_attention
 from scratchformer.core.masks import expand_attention_mask
+from scratchformer.fast.packing import Packing
 
-__all__ = ["FastMultiHeadAttention", "StackMask", "packed_self_attention", "self_attention"]
-
-_HALF = (torch.float16, torch.bfloat16)
+__all__ = ["FastMultiHeadAttention", "StackMask", "packed_self_attention", "padded_self_attention", "self_attention"]
 
 
 @dataclass
@@ -53,14 +52,25 @@ def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Ten
                                           scale=attn.scale)
 
 
-def self_attention(attn: MultiHeadAttention, x: Tensor, stack_mask: StackMask) -> Tensor:
-    """``attn(x)[0]`` for x (B, T, D) under a prepared mask: (B, T, D)."""
-    B, T, D = x.shape
-    q, k, v = attn.qkv_proj(x).view(B, T, 3, attn.num_heads, attn.d_k).permute(2, 0, 3, 1, 4)  # (B, H, T, d_k) each
+def _heads_attention(attn: MultiHeadAttention, qkv: Tensor, stack_mask: StackMask) -> Tensor:
+    """Stacked projections qkv (B, T, 3D) -> the heads' attention, concatenated: (B, T, D)."""
+    B, T, D = qkv.shape[0], qkv.shape[1], attn.d_model
+    q, k, v = qkv.view(B, T, 3, attn.num_heads, attn.d_k).permute(2, 0, 3, 1, 4)  # (B, H, T, d_k) each
     out = _attend(attn, q, k, v, stack_mask.mask)
     if stack_mask.no_key is not None:
         out = out.masked_fill(stack_mask.no_key, 0.0)
-    return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))
+    return out.transpose(1, 2).reshape(B, T, D)
+
+
+def self_attention(attn: MultiHeadAttention, x: Tensor, stack_mask: StackMask) -> Tensor:
+    """``attn(x)[0]`` for x (B, T, D) under a prepared mask: (B, T, D)."""
+    return attn.out_proj(_heads_attention(attn, attn.qkv_proj(x), stack_mask))
+
+
+def padded_self_attention(attn: MultiHeadAttention, x: Tensor, packing: Packing, stack_mask: StackMask) -> Tensor:
+    """Self-attention of packed tokens x (N, D) on the unpacked (B, T) grid under a prepared mask:
+    the projections on the N tokens, the attention itself padded (N, D)."""
+    return attn.out_proj(packing.pack(_heads_attention(attn, packing.unpack(attn.qkv_proj(x)), stack_mask)))
 
 
 def packed_self_attention(attn: MultiHeadAttention, x: Tensor, lengths: list[int]) -> Tensor:
@@ -82,8 +92,8 @@ def packed_self_attention(attn: MultiHeadAttention, x: Tensor, lengths: list[int
 class FastMultiHeadAttention(MultiHeadAttention):
     """:class:`MultiHeadAttention` (same parameters) whose single query in bf16/fp16 on CPU (a
     decoding step with the KV cache) attends by the core's explicit formula in fp32: ATen's fused
-    CPU kernel costs about 0.3 ms per call there whatever the size (2.5x the explicit formula at
-    64 keys), and fp32 scores are also more exact."""
+    CPU kernel takes 1.6-2.3x as long there at 24-64 keys (``scripts/fast_path_micro.py``), and
+    fp32 scores are also more exact."""
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
                 need_weights: bool) -> tuple[Tensor, Tensor | None]:

@@ -5,10 +5,11 @@ every real position, with
 * residuals added in place into the sub-layer's fresh output (one (B, T, D) tensor fewer each);
 * a padding mask that marks every position real dropped (read on the host, CPU only: no device
   sync on a GPU), so attention runs its unmasked kernel;
-* with ``skip_padding``, the N real tokens only (:mod:`.packing`): projections, feed-forward,
-  LayerNorms and residuals on an (N, D) matrix, attention sequence by sequence on each one's own
-  tokens (variable length; with an ``attn_mask`` as well, on the unpacked (B, T) grid). Padded
-  positions come out as zeros, as in ``torch.nn.TransformerEncoder``'s nested-tensor fast path.
+* with ``skip_padding``, the N real tokens only (:mod:`.packing`, which reads the mask on the
+  host): projections, feed-forward, LayerNorms and residuals on an (N, D) matrix, attention on CPU
+  sequence by sequence on each one's own tokens (variable length); on a GPU, or with an
+  ``attn_mask`` as well, on the unpacked (B, T) grid under the mask. Padded positions come out as
+  zeros, as in ``torch.nn.TransformerEncoder``'s nested-tensor fast path.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.core.checks import check_features
 from scratchformer.core.encoder import Encoder, EncoderLayer
-from scratchformer.fast.attention import StackMask, packed_self_attention, self_attention
+from scratchformer.fast.attention import StackMask, packed_self_attention, padded_self_attention, self_attention
+from scratchformer.fast.feedforward import dropout
 from scratchformer.fast.packing import Packing
 
 __all__ = ["FastEncoder", "FastEncoderLayer"]
@@ -32,11 +34,6 @@ Attention = Callable[[MultiHeadAttention, Tensor], Tensor]  # (module, x) -> att
 def _residual(x: Tensor, fresh: Tensor) -> Tensor:
     """x + fresh, written into ``fresh`` (a sub-layer's new output, saved by nothing) when it can be."""
     return fresh.add_(x) if fresh.dtype == x.dtype and fresh.shape == x.shape else x + fresh
-
-
-def _dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
-    """``dropout(x)``, without the module call when it is the identity (eval, or p = 0)."""
-    return dropout(x) if dropout.training and dropout.p > 0 else x
 
 
 class FastEncoderLayer(EncoderLayer):
@@ -56,19 +53,19 @@ class FastEncoderLayer(EncoderLayer):
         """The two residual sub-layers around ``attention`` (post-LN, or pre-LN with norm_first);
         x may be (B, T, D) or packed (N, D)."""
         def ff_block(y: Tensor) -> Tensor:
-            return _dropout(self.dropout2, self.feed_forward(y))
+            return dropout(self.dropout2, self.feed_forward(y))
 
         if self.norm_first:
-            x = _residual(x, _dropout(self.dropout1, attention(self.self_attn, self.norm1(x))))
+            x = _residual(x, dropout(self.dropout1, attention(self.self_attn, self.norm1(x))))
             return _residual(x, ff_block(self.norm2(x)))
-        x = self.norm1(_residual(x, _dropout(self.dropout1, attention(self.self_attn, x))))
+        x = self.norm1(_residual(x, dropout(self.dropout1, attention(self.self_attn, x))))
         return self.norm2(_residual(x, ff_block(x)))
 
 
 class FastEncoder(Encoder):
     """:class:`Encoder` (same parameters) whose stack prepares the mask once; ``skip_padding`` is
-    set by :func:`scratchformer.fast.optimize`. With hooks on its attention modules (attention
-    maps) it runs the readable path, which calls them."""
+    set by :func:`scratchformer.fast.optimize`. With hooks on a layer or any of its modules
+    (attention maps, activation capture) it runs the readable path, which calls them."""
 
     skip_padding: bool = False
 
@@ -79,23 +76,24 @@ class FastEncoder(Encoder):
             key_padding_mask = None  # no padding at all: attention may run its unmasked kernel
         if any(type(layer) is not FastEncoderLayer or _watched(layer) for layer in self.layers):
             return super().forward(x, key_padding_mask, attn_mask, output_hidden_states)
-        check_features("x", x, "(B, S, D)", None)
+        first = self.layers[0].self_attn if len(self.layers) else None
+        check_features("x", x, "(B, S, D)", first.d_model if first is not None else None)
         B, T = x.shape[:2]
-        heads = self.layers[0].self_attn.num_heads if len(self.layers) else 1
+        heads = first.num_heads if first is not None else 1
         packing = Packing.from_mask(key_padding_mask) if self.skip_padding and key_padding_mask is not None else None
+        # each sequence on its own real tokens, no mask at all (on CPU; on a GPU one masked call is cheaper)
+        per_sequence = packing is not None and attn_mask is None and x.device.type == "cpu"
+        mask = StackMask(None, None) if per_sequence else StackMask.build(key_padding_mask, attn_mask, B, heads, T, T)
         attention: Attention
+        unpack: Callable[[Tensor], Tensor]
         if packing is None:
-            mask = StackMask.build(key_padding_mask, attn_mask, B, heads, T, T)
-            attention = lambda attn, y: self_attention(attn, y, mask)  # noqa: E731
-            unpack: Callable[[Tensor], Tensor] = lambda y: y  # noqa: E731
-            h = x
-        else:
-            if attn_mask is None:  # each sequence attends to its own real tokens: no mask at all
-                attention = lambda attn, y: packed_self_attention(attn, y, packing.lengths)  # noqa: E731
-            else:
-                mask = StackMask.build(key_padding_mask, attn_mask, B, heads, T, T)
-                attention = lambda attn, y: packing.pack(self_attention(attn, packing.unpack(y), mask))  # noqa: E731
+            attention, unpack, h = (lambda attn, y: self_attention(attn, y, mask)), (lambda y: y), x
+        elif per_sequence:
+            attention = lambda attn, y: packed_self_attention(attn, y, packing.lengths)  # noqa: E731
             unpack, h = packing.unpack, packing.pack(x)  # (N, D)
+        else:
+            attention = lambda attn, y: padded_self_attention(attn, y, packing, mask)  # noqa: E731
+            unpack, h = packing.unpack, packing.pack(x)
         hidden = [x]
         for layer in self.layers:
             h = layer.sublayers(h, attention)
@@ -106,8 +104,9 @@ class FastEncoder(Encoder):
 
 
 def _watched(layer: EncoderLayer) -> bool:
-    """Whether hooks watch the layer's attention module (attention maps): the fast path would not call it."""
-    return bool(layer.self_attn._forward_hooks or layer.self_attn._forward_pre_hooks)
+    """Whether hooks watch the layer or one of its modules (attention maps, activation capture): the
+    fast path would not call the layer or its attention module, and adds residuals in place."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in layer.modules())
 
 
 def _all_real(key_padding_mask: Tensor | None, x: Tensor) -> bool:

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 from scratchformer.core.checks import check_features
 from scratchformer.core.feedforward import ACTIVATIONS, PositionwiseFeedForward
 
-__all__ = ["FastFeedForward"]
+__all__ = ["FastFeedForward", "dropout"]
+
+
+def dropout(module: nn.Dropout, x: Tensor) -> Tensor:
+    """``module(x)``, without the module call when it is the identity (eval, or p = 0)."""
+    return module(x) if module.training and module.p > 0 else x
 
 
 class FastFeedForward(PositionwiseFeedForward):
@@ -21,4 +26,4 @@ class FastFeedForward(PositionwiseFeedForward):
         check_features("x", x, "(B, L, D)", self.linear1.in_features, dims=None)
         h = self.linear1(x)
         h = F.relu(h, inplace=True) if self.activation == "relu" else ACTIVATIONS[self.activation](h)
-        return self.linear2(self.dropout(h) if self.dropout.training and self.dropout.p > 0 else h)
+        return self.linear2(dropout(self.dropout, h))

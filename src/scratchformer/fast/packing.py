@@ -4,9 +4,10 @@ A padded batch (B, T) with a key-padding mask holds N <= B * T real tokens. Ever
 encoder layer except attention treats each position on its own (the Q/K/V and output
 projections, the feed-forward network, the LayerNorms, the residuals), so it can run on the
 (N, D) matrix of real tokens: with 25% padding that is 25% fewer FLOPs. Attention runs on each
-sequence's own slice of the N tokens (its ``lengths``), so it skips the padding too; only an extra
-``attn_mask`` needs the (B, T) layout back (padding filled with zeros and masked). The result at padded positions is zero, as in ``torch.nn.TransformerEncoder``'s nested-tensor
-fast path.
+sequence's own slice of the N tokens (its ``lengths``), so it skips the padding too; on a GPU,
+or with an extra ``attn_mask``, it gets the (B, T) layout back (padding filled with zeros and
+masked). The result at padded positions is zero, as in ``torch.nn.TransformerEncoder``'s
+nested-tensor fast path.
 """
 
 from __future__ import annotations

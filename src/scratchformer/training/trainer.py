@@ -47,7 +47,7 @@ __all__ = ["TrainConfig", "TrainResult", "Trainer", "TrainingTask", "resolve_dev
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 MAX_CONSECUTIVE_SKIPS = 20  # fp16 overflows in a row before training stops
-_FUSED_ADAMW = ("cpu", "cuda")  # devices with torch's fused AdamW kernel (one pass over all parameters)
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # torch's fused AdamW kernel (one pass over all parameters) runs there
 
 
 @dataclass
@@ -400,7 +400,7 @@ class Trainer:
         train_model = self._wrap(model)
         ddp = train_model if isinstance(train_model, DistributedDataParallel) else None
         optimizer = torch.optim.AdamW(_param_groups(model, c.weight_decay), lr=c.lr, betas=c.betas, eps=c.adam_eps,
-                                      fused=self.device.type in _FUSED_ADAMW)
+                                      fused=self.device.type in FUSED_ADAMW_DEVICES)
         groups_per_epoch = math.ceil(len(self._shard(0)) / c.grad_accum)
         total = c.max_steps or c.epochs * groups_per_epoch
         scheduler = torch.optim.lr_scheduler.LambdaLR(
