@@ -11,7 +11,8 @@ switches them on, in place:
     MultiHeadAttention       -> FastMultiHeadAttention  a single bf16/fp16 query (decoding) in fp32,
                                                   by the explicit formula
     Encoder                  -> FastEncoder       mask merged once; drops an all-real padding mask;
-                                                  packs real tokens, attention per sequence
+                                                  packs real tokens (attention per sequence
+                                                  on CPU); hooks anywhere: the readable path
 
 The KV cache's growing buffer, the other speed path, lives with decoding in ``generation/``.
 """
