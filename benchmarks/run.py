@@ -1,5 +1,6 @@
-"""Run the benchmark suite: ``python -m benchmarks.run [--size smoke|full] [--device cpu|cuda]
-[--precision fp32|bf16|both] [--only ...]``.
+"""Run the benchmark suite and write its tables, timings and chart.
+
+    python -m benchmarks.run [--size smoke|full] [--device cpu|cuda] [--precision fp32|bf16|both] [--only ...]
 
 Writes ``benchmarks/results/<size>-<device>.md`` (the tables, the machine, the targets),
 ``.json`` (every timing) and ``.png`` (a bar chart of the ratios to the references); with one
