@@ -76,16 +76,9 @@ def padded_self_attention(attn: MultiHeadAttention, x: Tensor, packing: Packing,
 def packed_self_attention(attn: MultiHeadAttention, x: Tensor, lengths: list[int]) -> Tensor:
     """Self-attention of packed tokens x (N, D), sequence after sequence (``lengths``, summing to
     N), each attending to its own tokens only: (N, D). No padding is computed or masked."""
-    D, H = attn.d_model, attn.num_heads
-    qkv = attn.qkv_proj(x)  # (N, 3D)
-    outs, start = [], 0
-    for n in lengths:
-        if n:
-            # (n, 3D) -> three (1, H, n, d_k) views
-            q, k, v = qkv[start:start + n].view(1, n, 3, H, attn.d_k).permute(2, 0, 3, 1, 4)
-            outs.append(_attend(attn, q, k, v, None).transpose(1, 2).reshape(n, D))
-            start += n
-    out = torch.cat(outs) if len(outs) > 1 else outs[0] if outs else qkv.new_zeros(0, D)
+    qkv, no_mask = attn.qkv_proj(x), StackMask(None, None)  # (N, 3D)
+    outs = [_heads_attention(attn, part[None], no_mask)[0] for part in qkv.split(lengths) if len(part)]  # (n, D) each
+    out = torch.cat(outs) if len(outs) > 1 else outs[0] if outs else qkv.new_zeros(0, attn.d_model)
     return attn.out_proj(out)
 
 
