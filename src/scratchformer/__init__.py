@@ -27,19 +27,22 @@ from scratchformer.fast import optimize
 from scratchformer.generation import (DecoderCache, DecoderLayerCache, GenerationConfig, KVCache, beam_search, generate,
                                      greedy_decode)
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
+from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig, EncoderEmbedding
+from scratchformer.models.masked_lm import MaskedLanguageModel, MaskedLMHead
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.models.pooling import masked_mean, pool
 from scratchformer.models.marian import load_marian
 from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "CaptioningConfig",
     "CaptioningTransformer",
     "CheckpointError",
+    "ClassifierConfig",
     "ContextualEncoder",
     "Decoder",
     "DecoderCache",
@@ -53,6 +56,8 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "LearnedPositionalEmbedding",
+    "MaskedLMHead",
+    "MaskedLanguageModel",
     "ModelConfig",
     "MultiHeadAttention",
     "PatchEmbedding",
@@ -61,6 +66,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "TextTokenizer",
     "TokenBatch",
+    "TextClassifier",
     "TokenEmbedding",
     "Transformer",
     "TransformerConfig",

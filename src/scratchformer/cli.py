@@ -185,6 +185,8 @@ def _train_classifier(args: argparse.Namespace) -> int:
         overrides["train_file"] = args.train
     if args.test:
         overrides["test_file"] = args.test
+    if args.pretrained:
+        overrides["pretrained"] = args.pretrained
     train_overrides = _train_overrides(args)
     if args.config:
         recipe = ClassifierRecipe.from_json(args.config, train=train_overrides, **overrides)
@@ -218,6 +220,19 @@ def _train_translation(args: argparse.Namespace) -> int:
 
     recipe = TranslationRecipe.from_json(args.config, train=_train_overrides(args))
     report = train_translation(recipe, args.data_dir or default_data_dir(), resume=args.resume)
+    _print_on_main(json.dumps(report, indent=2))
+    return 0
+
+
+def _train_mlm(args: argparse.Namespace) -> int:
+    import json
+
+    from scratchformer.data.labelled_texts import default_data_dir
+    from scratchformer.tasks.masked_lm import MLMRecipe, pretrain_mlm
+
+    overrides = {"train_files": args.texts} if args.texts else {}
+    recipe = MLMRecipe.from_json(args.config, **overrides, train=_train_overrides(args))
+    report = pretrain_mlm(recipe, args.data_dir or default_data_dir(), resume=args.resume)
     _print_on_main(json.dumps(report, indent=2))
     return 0
 
@@ -328,9 +343,13 @@ def _export(args: argparse.Namespace) -> int:
         from scratchformer.tasks.classification import load_classifier
 
         written, what = load_classifier(args.checkpoint, device="cpu").save_pretrained(args.out, args.format), "BERT (AutoModel)"
+    elif kind == "masked_lm":
+        from scratchformer.tasks.masked_lm import export_masked_lm
+
+        written, what = export_masked_lm(args.checkpoint, args.out), "BERT (BertForMaskedLM, AutoModel)"
     else:
         raise ValueError(f"{args.checkpoint}: a {kind!r} checkpoint has no Hugging Face format "
-                         "(translation and text_classifier checkpoints do)")
+                         "(translation, text_classifier and masked_lm checkpoints do)")
     print(f"wrote a Hugging Face {what} directory: {written}")
     return 0
 
@@ -503,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     clf.add_argument("--config", help="recipe JSON (e.g. recipes/imdb.json)")
     clf.add_argument("--train", help="training file (JSONL/CSV, .gz ok); overrides the recipe")
     clf.add_argument("--test", help="test file, scored with the best checkpoint at the end")
+    clf.add_argument("--pretrained", help="a BERT-family checkpoint directory to fine-tune (its tokenizer too); "
+                     "overrides the recipe's")
     _add_training_options(clf)
     clf.set_defaults(func=_train_classifier)
 
@@ -510,6 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/multi30k_de_en.json)")
     _add_training_options(mt)
     mt.set_defaults(func=_train_translation)
+
+    mlm = train.add_parser("mlm", help="masked-language-model pretraining of a BERT encoder on unlabelled text "
+                           "(e.g. IMDB's unlabelled reviews) from a recipe")
+    mlm.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/imdb_mlm.json)")
+    mlm.add_argument("--texts", nargs="+", help="text files (JSONL/CSV/plain text, .gz ok); override train_files")
+    _add_training_options(mlm)
+    mlm.set_defaults(func=_train_mlm)
 
     cap = train.add_parser("captioner", help="image captioning from a recipe (Flickr8k photographs, the built-in shape scenes, ...)")
     cap.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/shapes_captioning.json)")
@@ -557,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.set_defaults(func=_translate)
 
     export = sub.add_parser("export", help="write a checkpoint in the Hugging Face format: a translator as a Marian "
-                            "directory (MarianMTModel), a classifier's encoder as a BERT directory (AutoModel)")
+                            "directory (MarianMTModel), a classifier's encoder or a masked LM as a BERT directory (AutoModel)")
     export.add_argument("--checkpoint", required=True)
     export.add_argument("--out", required=True, help="a new directory")
     export.add_argument("--format", choices=["hf"], default="hf")

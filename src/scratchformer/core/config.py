@@ -98,9 +98,12 @@ class ModelConfig:
             return LearnedPositionalEmbedding(self.max_len, self.d_model)
         return SinusoidalPositionalEncoding(self.d_model, self.max_len, self.sinusoidal_layout)
 
+    def has_final_norm(self, num_layers: int) -> bool:
+        """Whether a stack of ``num_layers`` layers ends with a LayerNorm (``final_norm``; None: if pre-LN)."""
+        return self.norm_first and num_layers > 0 if self.final_norm is None else self.final_norm
+
     def _final_norm(self, num_layers: int) -> LayerNorm | None:
-        wanted = self.norm_first and num_layers > 0 if self.final_norm is None else self.final_norm
-        return LayerNorm(self.d_model, self.layer_norm_eps) if wanted else None
+        return LayerNorm(self.d_model, self.layer_norm_eps) if self.has_final_norm(num_layers) else None
 
     def _layer_args(self) -> tuple[Any, ...]:
         return (self.d_model, self.num_heads, self.d_ff, self.dropout, self.activation, self.norm_first,

@@ -1,4 +1,5 @@
-"""Labelled text files: JSONL or CSV (optionally .gz), or a Hugging Face ``datasets`` name.
+"""Labelled text files: JSONL or CSV (optionally .gz), or a Hugging Face ``datasets`` name; and
+unlabelled texts (JSONL, CSV or plain text, one per line) for pretraining.
 
 Bad data never passes silently: a malformed line or a label outside the classes is an error that
 names the file and line (or, with ``on_error="skip"``, a counted skip); empty texts are skipped
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LabelledTexts", "default_data_dir", "load_hf_dataset", "load_labelled_texts", "open_text"]
+__all__ = ["LabelledTexts", "default_data_dir", "load_hf_dataset", "load_labelled_texts", "load_texts", "open_text"]
 
 
 def default_data_dir() -> Path:
@@ -154,6 +155,30 @@ def load_labelled_texts(
     if not texts:
         raise ValueError(f"{path}: no usable examples (skipped: {dict(skipped)})")
     return LabelledTexts(texts, labels, names, dict(skipped))
+
+
+def load_texts(path: str | Path, text_field: str = "text") -> list[str]:
+    """Unlabelled texts: the ``text_field`` of each JSONL record or CSV row, or each non-empty line
+    of a plain-text file (``.txt``, or any name without .jsonl/.json/.csv); ``.gz`` ok. Empty texts
+    are left out; a malformed record, or one without ``text_field``, is an error naming its line."""
+    path = Path(path)
+    suffixes = set(path.suffixes)
+    if not suffixes & {".jsonl", ".json", ".csv"}:
+        with open_text(path) as f:
+            texts = [line.strip() for line in f if line.strip()]
+    else:
+        texts = []
+        for number, record, error in _records(path, "csv" if ".csv" in suffixes else "jsonl"):
+            if record is None:
+                raise ValueError(f"{path}:{number}: {error}")
+            text = record.get(text_field)
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{number}: no string field {text_field!r} (has {sorted(record)})")
+            if text.strip():
+                texts.append(text)
+    if not texts:
+        raise ValueError(f"{path}: no texts")
+    return texts
 
 
 def _assign_labels(rows: list[tuple[int, str, int | str]], label_names: Sequence[str] | None,

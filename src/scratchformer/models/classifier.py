@@ -8,7 +8,7 @@ data, never from the input tokens, and the head has ``num_classes`` outputs, not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +60,17 @@ class TextClassifier(nn.Module):
 
     @classmethod
     def from_pretrained_encoder(
-        cls, directory: str | Path, num_classes: int, pooling: str = "mean", head_dropout: float = 0.1
+        cls, directory: str | Path, num_classes: int, pooling: str = "mean", head_dropout: float = 0.1,
+        dropout: float | None = None, attention_dropout: float | None = None,
     ) -> TextClassifier:
-        """Start from a pretrained BERT-family checkpoint directory (see scratchformer.models.pretrained)."""
+        """Start from a pretrained BERT-family checkpoint directory (see scratchformer.models.pretrained).
+        ``dropout``, ``attention_dropout``: replace the checkpoint's (as ``hidden_dropout_prob`` and
+        ``attention_probs_dropout_prob`` given to ``from_pretrained`` do); None keeps them."""
         from scratchformer.models.pretrained import load_bert_encoder
 
         encoder = load_bert_encoder(directory)
-        model = cls(ClassifierConfig(encoder.config, num_classes, pooling, head_dropout))
+        changes = {k: v for k, v in (("dropout", dropout), ("attention_dropout", attention_dropout)) if v is not None}
+        model = cls(ClassifierConfig(replace(encoder.config, **changes), num_classes, pooling, head_dropout))
         model.encoder.load_state_dict(encoder.state_dict())
         return model
 

@@ -40,15 +40,18 @@ from torch import Tensor
 from scratchformer.core.attention import fuse_qkv
 from scratchformer.core.embedding import sinusoidal_table
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
+from scratchformer.models.masked_lm import MaskedLanguageModel
 from scratchformer.models.hf_files import CheckpointError, fit_state, read_json, read_weights, require_file, split_qkv
 
 __all__ = [
     "CheckpointError",
     "bert_config",
     "bert_export",
+    "bert_problems",
     "default_model_dir",
     "load_bert_encoder",
     "map_bert_weights",
+    "masked_lm_export",
     "read_json",
     "require_file",
 ]
@@ -190,6 +193,16 @@ def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
     return model.eval()
 
 
+def bert_problems(c: EncoderConfig) -> list[str]:
+    """The options of ``c`` that a BERT checkpoint cannot express (none: it can be exported)."""
+    return [text for bad, text in (
+        (c.norm_first, "norm_first=True (BERT is post-LN)"),
+        (c.has_final_norm(c.num_layers), "final_norm=True (BERT has no LayerNorm after the stack)"),
+        (not c.embedding_norm, "embedding_norm=False (BERT normalises its embeddings)"),
+        (not c.bias, "bias=False (BERT's linear maps have biases)"),
+    ) if bad]
+
+
 def bert_export(encoder: ContextualEncoder) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """Our encoder -> (BERT config.json, its tensors), loadable by ``transformers.BertModel``/``AutoModel``.
 
@@ -197,12 +210,7 @@ def bert_export(encoder: ContextualEncoder) -> tuple[dict[str, Any], dict[str, T
     embedding scale is folded into the token matrix, no token types become one all-zero type. A
     configuration BERT cannot express is a ``ValueError`` naming every such option."""
     c = encoder.config
-    problems = [text for bad, text in (
-        (c.norm_first, "norm_first=True (BERT is post-LN)"),
-        (encoder.encoder.norm is not None, "final_norm=True (BERT has no LayerNorm after the stack)"),
-        (not c.embedding_norm, "embedding_norm=False (BERT normalises its embeddings)"),
-        (not c.bias, "bias=False (BERT's linear maps have biases)"),
-    ) if bad]
+    problems = bert_problems(c)
     if problems:
         raise ValueError("this encoder cannot be written as a BERT checkpoint: " + "; ".join(problems))
     state = {k: v.detach().float().cpu() for k, v in encoder.state_dict().items()}
@@ -228,3 +236,22 @@ def bert_export(encoder: ContextualEncoder) -> tuple[dict[str, Any], dict[str, T
         "position_embedding_type": "absolute", "dtype": "float32",
     }
     return hf_config, hf
+
+
+def masked_lm_export(model: MaskedLanguageModel) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """Our masked language model -> (config.json, tensors) of ``transformers.BertForMaskedLM``: the
+    encoder under ``bert.``, the head under ``cls.predictions.`` (its decoder is the tied word
+    embedding, stored once). With ``scale_embedding`` the exported word embedding carries the
+    sqrt(D) factor, so the head's LayerNorm gain and bias are divided by it: the same logits."""
+    hf_config, encoder_state = bert_export(model.encoder)
+    head = model.head
+    scale = math.sqrt(model.config.d_model) if model.config.scale_embedding else 1.0
+    state = {f"bert.{name}": tensor for name, tensor in encoder_state.items()}
+    state |= {
+        "cls.predictions.transform.dense.weight": head.dense.weight, "cls.predictions.transform.dense.bias": head.dense.bias,
+        "cls.predictions.transform.LayerNorm.weight": head.norm.weight / scale,
+        "cls.predictions.transform.LayerNorm.bias": head.norm.bias / scale,
+        "cls.predictions.bias": head.bias,
+    }
+    state = {k: v.detach().float().cpu() for k, v in state.items()}
+    return hf_config | {"architectures": ["BertForMaskedLM"], "tie_word_embeddings": True}, state

@@ -150,7 +150,8 @@ class ClassifierRecipe(Recipe):
     batch_size: int = 32
     pooling: str = "mean"
     head_dropout: float = 0.1
-    model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the tokenizer)
+    model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the tokenizer);
+    # with ``pretrained``, only dropout and attention_dropout (they replace the checkpoint's)
     pretrained: str | None = None  # a BERT checkpoint directory to start from (its tokenizer too)
     tokenizer: str | None = None  # a tokenizer.json to use instead of training one (identical vocabularies across runs)
     average_last: int = 0  # also try the average of the last N evaluated checkpoints (0: off)
@@ -167,7 +168,11 @@ class ClassifierRecipe(Recipe):
             raise ValueError(f"pooling: expected one of {POOLING_MODES}, got {self.pooling!r}")
         if self.label_names is not None and (len(set(self.label_names)) != len(self.label_names) or len(self.label_names) < 2):
             raise ValueError(f"label_names: expected at least two distinct names, got {self.label_names}")
-        if not self.pretrained:
+        if self.pretrained:
+            extra = sorted(set(self.model) - {"dropout", "attention_dropout"})
+            if extra:
+                raise ValueError(f"model: {extra} cannot change a pretrained encoder (only dropout and attention_dropout)")
+        else:
             check_model_fields(EncoderConfig, {"max_len": self.max_length, **self.model}, vocab_size=self.vocab_size,
                                pad_id=0)
 
@@ -186,6 +191,9 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     c = recipe
     distributed.init(c.train.device)
     check_run(c.train, resume)  # device, precision, output directory: before any data work
+    if c.pretrained and not (Path(c.pretrained) / "config.json").is_file():
+        raise FileNotFoundError(f"pretrained: no checkpoint directory at {c.pretrained} (config.json, model.safetensors, "
+                                "tokenizer.json); give --pretrained DIR")
     load = lambda p, names=c.label_names: load_labelled_texts(  # noqa: E731
         resolve_data_path(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
     )
@@ -197,7 +205,8 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
         train, valid = full.subset(perm[c.valid_size :]), full.subset(perm[: c.valid_size])
 
     if c.pretrained:
-        model = TextClassifier.from_pretrained_encoder(c.pretrained, len(full.label_names), c.pooling, c.head_dropout)
+        model = TextClassifier.from_pretrained_encoder(c.pretrained, len(full.label_names), c.pooling, c.head_dropout,
+                                                       **c.model)
         tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
                                             truncation=c.truncation, head_length=c.head_length)
     else:

@@ -182,7 +182,7 @@ class TrainResult:
     skipped_steps: int = 0  # fp16: optimizer steps the GradScaler skipped (overflow); not counted in step
 
 
-RUN_OUTPUTS = ("last", "last.old", "best", "best.old", "averaged", "metrics.jsonl", "report.json", "curves.png")
+RUN_OUTPUTS = ("last", "last.old", "best", "best.old", "averaged", "metrics.jsonl", "report.json", "curves.png", "encoder")
 
 
 def earlier_run(out_dir: str | Path) -> list[str]:
