@@ -212,41 +212,35 @@ def _print_on_main(text: str) -> None:
         print(text)
 
 
-def _train_translation(args: argparse.Namespace) -> int:
+def _train_from_recipe(args: argparse.Namespace, recipe_cls: type, run, **overrides) -> int:
+    """The ``train`` commands driven by a recipe alone: read it (the flags override its fields and
+    its ``train`` section), run it, print the report (once, under torchrun)."""
     import json
 
     from scratchformer.data.labelled_texts import default_data_dir
-    from scratchformer.tasks.translation import TranslationRecipe, train_translation
 
-    recipe = TranslationRecipe.from_json(args.config, train=_train_overrides(args))
-    report = train_translation(recipe, args.data_dir or default_data_dir(), resume=args.resume)
+    recipe = recipe_cls.from_json(args.config, **overrides, train=_train_overrides(args))
+    report = run(recipe, args.data_dir or default_data_dir(), resume=args.resume)
     _print_on_main(json.dumps(report, indent=2))
     return 0
+
+
+def _train_translation(args: argparse.Namespace) -> int:
+    from scratchformer.tasks.translation import TranslationRecipe, train_translation
+
+    return _train_from_recipe(args, TranslationRecipe, train_translation)
 
 
 def _train_mlm(args: argparse.Namespace) -> int:
-    import json
-
-    from scratchformer.data.labelled_texts import default_data_dir
     from scratchformer.tasks.masked_lm import MLMRecipe, pretrain_mlm
 
-    overrides = {"train_files": args.texts} if args.texts else {}
-    recipe = MLMRecipe.from_json(args.config, **overrides, train=_train_overrides(args))
-    report = pretrain_mlm(recipe, args.data_dir or default_data_dir(), resume=args.resume)
-    _print_on_main(json.dumps(report, indent=2))
-    return 0
+    return _train_from_recipe(args, MLMRecipe, pretrain_mlm, **({"train_files": args.texts} if args.texts else {}))
 
 
 def _train_captioner(args: argparse.Namespace) -> int:
-    import json
-
-    from scratchformer.data.labelled_texts import default_data_dir
     from scratchformer.tasks.captioning import CaptioningRecipe, train_captioner
 
-    recipe = CaptioningRecipe.from_json(args.config, train=_train_overrides(args))
-    report = train_captioner(recipe, args.data_dir or default_data_dir(), resume=args.resume)
-    _print_on_main(json.dumps(report, indent=2))
-    return 0
+    return _train_from_recipe(args, CaptioningRecipe, train_captioner)
 
 
 def _caption(args: argparse.Namespace) -> int:

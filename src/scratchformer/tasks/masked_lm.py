@@ -211,8 +211,7 @@ def pretrain_mlm(recipe: MLMRecipe, data_dir: str | Path = "../shared/data", res
     if missing:
         raise FileNotFoundError(f"train_files not found: {', '.join(missing)}")
     given = resolve_data_path(c.tokenizer, data_dir)
-    if given and not resume:
-        _check_tokenizer(read_tokenizer(given), given)
+    given_tokenizer = _check_tokenizer(read_tokenizer(given), given) if given and not resume else None
     texts = [t for path in paths for t in load_texts(path, c.text_field)]
     if len(texts) <= c.valid_size:
         raise ValueError(f"valid_size={c.valid_size} leaves no training text out of {len(texts)}")
@@ -223,7 +222,9 @@ def pretrain_mlm(recipe: MLMRecipe, data_dir: str | Path = "../shared/data", res
     def wordpiece() -> Tokenizer:  # rank 0's, sent to the others (training it is not deterministic)
         if resume:
             return read_tokenizer(resolve_checkpoint(Path(c.train.out_dir) / "last") / "tokenizer.json")
-        return read_tokenizer(given) if given else train_wordpiece(train_texts, c.vocab_size, c.lowercase)
+        if given_tokenizer is not None:
+            return given_tokenizer
+        return train_wordpiece(train_texts, c.vocab_size, c.lowercase)
 
     tokenizer = _check_tokenizer(distributed.on_main(wordpiece), "the tokenizer")
     train, valid = Sequences(tokenizer, train_texts, c.max_length), Sequences(tokenizer, valid_texts, c.max_length)
