@@ -140,3 +140,30 @@ def test_committed_recipe_is_valid() -> None:
     recipe = TranslationRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.json")
     assert recipe.train.schedule == "inverse_sqrt" and recipe.label_smoothing == 0.1
     assert math.isclose(recipe.decoding["beam_size"], 5)
+
+
+def test_decoding_is_chosen_on_the_validation_set(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, max_steps=60, eval_every=30)  # half-trained: the options score differently
+    recipe.decoding_grid = {"beam_size": [1, 3], "length_penalty": [0.0, 2.0]}
+    report = train_translation(recipe)
+    search = report["decoding_search"]
+    assert [(t["beam_size"], t["length_penalty"]) for t in search] == [(1, 0.0), (1, 2.0), (3, 0.0), (3, 2.0)]
+    best = max(search, key=lambda t: t["bleu"])
+    assert report["decoding"] == {**recipe.decoding, "beam_size": best["beam_size"], "length_penalty": best["length_penalty"]}
+    translator = load_translator(tmp_path / "run" / report["test_checkpoint"], device="cpu")
+    assert translator.decoding == report["decoding"]  # the checkpoint decodes with the winner
+    valid = load_parallel_texts(recipe.valid_source, recipe.valid_target)
+    assert translator.evaluate(valid.sources, valid.targets)["bleu"] == pytest.approx(best["bleu"])  # recomputed independently
+    test = load_parallel_texts(recipe.test_source, recipe.test_target)
+    assert report["test"]["bleu"] == pytest.approx(translator.evaluate(test.sources, test.targets)["bleu"])
+
+
+@pytest.mark.parametrize("grid, message", [([4], "decoding_grid: expected an object"),
+                                           ({"beam_size": []}, "decoding_grid.beam_size: expected a non-empty list"),
+                                           ({"beam_size": [0]}, "decoding.beam_size must be >= 1"),
+                                           ({"beams": [2]}, "unknown keys")])
+def test_bad_decoding_grid_is_refused(tmp_path: Path, grid, message) -> None:
+    recipe = tiny_recipe(tmp_path)
+    recipe.decoding_grid = grid
+    with pytest.raises(ValueError, match=message):
+        recipe.validate()

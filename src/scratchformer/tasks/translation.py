@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -28,7 +29,7 @@ from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, 
 from scratchformer.models.hf_files import write_export
 from scratchformer.models.marian import is_marian_dir, load_marian, marian_export
 from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
-from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
+from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint, update_config
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.generation import GenerationConfig, generate
@@ -40,6 +41,7 @@ __all__ = [
     "TranslationTask",
     "Translator",
     "bleu_and_chrf",
+    "choose_decoding",
     "load_translator",
     "train_translation",
     "translation_attention_maps",
@@ -214,6 +216,7 @@ class TranslationRecipe(Recipe):
     max_tokens: int = 4096  # padded tokens per batch and side
     label_smoothing: float = 0.1
     average_last: int = 0  # average the last N evaluated checkpoints (0: off)
+    decoding_grid: dict[str, list[Any]] = field(default_factory=dict)  # decoding options tried on the validation set
     tokenizer: str | None = None  # a tokenizer.json (joint BPE) to use instead of training one
     model: dict[str, Any] = field(default_factory=dict)  # TransformerConfig fields (vocabulary from the tokenizer)
     decoding: dict[str, Any] = field(default_factory=lambda: {"beam_size": 5, "length_penalty": 1.0,
@@ -225,6 +228,13 @@ class TranslationRecipe(Recipe):
     def validate(self) -> None:
         check_range(self, {"vocab_size": 8, "max_length": 2, "max_tokens": 1, "average_last": 0}, ("label_smoothing",))
         check_decoding(self.decoding)
+        if not isinstance(self.decoding_grid, dict):
+            raise ValueError(f"decoding_grid: expected an object of lists, got {self.decoding_grid!r}")
+        for key, values in self.decoding_grid.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"decoding_grid.{key}: expected a non-empty list of values, got {values!r}")
+        for options in _combinations(self.decoding_grid):
+            check_decoding({**self.decoding, **options})
         check_model_fields(TransformerConfig, {"max_len": 256, **self.model}, src_vocab_size=self.vocab_size,
                            tgt_vocab_size=self.vocab_size, pad_id=PAD)
         max_len = {"max_len": 256, **self.model}["max_len"]
@@ -277,6 +287,13 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
     if r.average_last > 1:
         chosen, report["averaged_valid"] = trainer.average_last(r.average_last, result.best)
     report["test_checkpoint"] = chosen
+    if r.decoding_grid:  # on the validation set only; the winner becomes the checkpoint's decoding
+        t0 = time.perf_counter()
+        translator = load_translator(out / chosen, device=r.train.device)
+        report["decoding"], report["decoding_search"] = choose_decoding(translator, valid.sources, valid.targets,
+                                                                        r.decoding_grid)
+        update_config(out / chosen, decoding=report["decoding"])
+        report["seconds_decoding_search"] = time.perf_counter() - t0
     if r.test_source and r.test_target:
         test = load_pair(r.test_source, r.test_target)
         translator = load_translator(out / chosen, device=r.train.device)
@@ -288,6 +305,27 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
     report["seconds_total"] = time.perf_counter() - start
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of a grid's values: {"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]."""
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def choose_decoding(translator: Translator, sources: Sequence[str], references: Sequence[str],
+                    grid: dict[str, list[Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Translate ``sources`` with every combination of ``grid`` (e.g. ``{"beam_size": [4, 6],
+    "length_penalty": [0.6, 1.0]}``) on top of the translator's decoding; return the decoding with
+    the highest sacreBLEU (the first of equals) and every combination's scores. Pass validation
+    pairs: choosing on the test set would report an optimistic score."""
+    trials = []
+    for options in _combinations(grid):
+        decoding = {**translator.decoding, **options}
+        trial = Translator(translator.model, translator.tokenizer, decoding, translator.device, translator.special_ids)
+        scores = trial.evaluate(sources, references)
+        trials.append({**options, "bleu": scores["bleu"], "chrf": scores["chrf"]})
+    best = max(range(len(trials)), key=lambda i: (trials[i]["bleu"], -i))
+    return {**translator.decoding, **_combinations(grid)[best]}, trials
 
 
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
 __all__ = ["average_checkpoints", "finish_interrupted_save", "load_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
-           "resolve_checkpoint", "save_checkpoint", "verified_weights"]
+           "resolve_checkpoint", "save_checkpoint", "update_config", "verified_weights"]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
 
@@ -127,6 +127,17 @@ def load_config(directory: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
     return config
+
+
+def update_config(directory: str | Path, **fields: Any) -> None:
+    """Set ``fields`` in a checkpoint's config.json (the weights and their checksum are untouched),
+    atomically: the new file is written beside it and renamed over it."""
+    path = resolve_checkpoint(directory) / CONFIG
+    tmp = path.with_name(f".{CONFIG}.tmp")
+    tmp.write_text(json.dumps({**load_config(directory), **fields}, indent=2))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def verified_weights(directory: str | Path) -> Path:
