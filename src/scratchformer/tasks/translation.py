@@ -287,16 +287,16 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
     if r.average_last > 1:
         chosen, report["averaged_valid"] = trainer.average_last(r.average_last, result.best)
     report["test_checkpoint"] = chosen
+    translator = load_translator(out / chosen, device=r.train.device)
     if r.decoding_grid:  # on the validation set only; the winner becomes the checkpoint's decoding
         t0 = time.perf_counter()
-        translator = load_translator(out / chosen, device=r.train.device)
-        report["decoding"], report["decoding_search"] = choose_decoding(translator, valid.sources, valid.targets,
-                                                                        r.decoding_grid)
-        update_config(out / chosen, decoding=report["decoding"])
+        translator.decoding, report["decoding_search"] = choose_decoding(translator, valid.sources, valid.targets,
+                                                                         r.decoding_grid)
+        report["decoding"] = translator.decoding
+        update_config(out / chosen, decoding=translator.decoding)
         report["seconds_decoding_search"] = time.perf_counter() - t0
     if r.test_source and r.test_target:
         test = load_pair(r.test_source, r.test_target)
-        translator = load_translator(out / chosen, device=r.train.device)
         t0 = time.perf_counter()
         scores = translator.evaluate(test.sources, test.targets)
         report["test"] = {k: v for k, v in scores.items() if k != "hypotheses"}
@@ -318,14 +318,14 @@ def choose_decoding(translator: Translator, sources: Sequence[str], references: 
     "length_penalty": [0.6, 1.0]}``) on top of the translator's decoding; return the decoding with
     the highest sacreBLEU (the first of equals) and every combination's scores. Pass validation
     pairs: choosing on the test set would report an optimistic score."""
-    trials = []
-    for options in _combinations(grid):
+    combinations, trials = _combinations(grid), []
+    for options in combinations:
         decoding = {**translator.decoding, **options}
         trial = Translator(translator.model, translator.tokenizer, decoding, translator.device, translator.special_ids)
         scores = trial.evaluate(sources, references)
         trials.append({**options, "bleu": scores["bleu"], "chrf": scores["chrf"]})
     best = max(range(len(trials)), key=lambda i: (trials[i]["bleu"], -i))
-    return {**translator.decoding, **_combinations(grid)[best]}, trials
+    return {**translator.decoding, **combinations[best]}, trials
 
 
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:
