@@ -12,9 +12,7 @@ import gzip
 import random
 from pathlib import Path
 
-
-def _open(path: Path, mode: str):
-    return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else open(path, mode, encoding="utf-8")
+from scratchformer.data.labelled_texts import open_text
 
 
 def main() -> None:
@@ -24,12 +22,13 @@ def main() -> None:
     parser.add_argument("count", type=int)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    with _open(args.source, "r") as f:
+    with open_text(args.source) as f:  # .gz or plain; a missing or binary file is named
         lines = [line for line in f if line.strip()]
     if not 0 < args.count <= len(lines):
         raise SystemExit(f"count must be in [1, {len(lines)}] (the lines of {args.source}), got {args.count}")
     keep = sorted(random.Random(args.seed).sample(range(len(lines)), args.count))
-    with _open(args.target, "w") as f:
+    gz = args.target.suffix == ".gz"
+    with gzip.open(args.target, "wt", encoding="utf-8") if gz else open(args.target, "w", encoding="utf-8") as f:
         f.writelines(lines[i] for i in keep)
     print(f"{args.count} of {len(lines)} lines -> {args.target}")
 
