@@ -39,30 +39,54 @@ def losses(out: Path) -> dict[int, float]:
             if "loss" in r and "step" in r and r.get("kind", "train") == "train"}
 
 
+def logged_step(out: Path) -> int:
+    """The last training step in ``out/metrics.jsonl`` so far (0 before any; a line being written is skipped)."""
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in record and "step" in record:
+            steps.append(record["step"])
+    return max(steps)
+
+
+def kill_after_step(proc: subprocess.Popen, out: Path, step: int, rng: random.Random) -> None:
+    """SIGKILL ``proc`` at a random moment up to 40 ms (about a step) after it logs ``step``: in a step,
+    in the log or in a checkpoint save. Timed by the run's progress, not the clock, so a faster machine
+    (or a shorter resumed run) cannot finish before the kill."""
+    while logged_step(out) < step:
+        if proc.poll() is not None:
+            finish(proc)
+            raise AssertionError(f"the run ended before logging step {step}")
+        time.sleep(0.002)
+    time.sleep(rng.uniform(0.0, 0.04))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL (POSIX)")
 def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     full = tmp_path / "full"
     finish(launch(full))
+    total = max(losses(full))
 
     rng = random.Random(1234)
     killed = tmp_path / "killed"
-    kills = 0
-    while kills < KILLS:
-        proc = launch(killed)
-        time.sleep(rng.uniform(1.5, 4.0))  # the interpreter start takes ~1.5 s; training ~3 s
-        if proc.poll() is not None:  # it finished before the kill: start the count again from a fresh run
-            finish(proc)
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
+    span = (total - 4) // KILLS  # one kill in each of KILLS stretches, at least 3 steps apart: a resumed run's
+    for i in range(KILLS):       # log (stale until it rewinds) never already shows the next kill's step
+        kill_after_step(launch(killed), killed, 2 + i * span + rng.randrange(span - 2), rng)
         if (killed / "last").exists() or (killed / "last.old").exists():  # a save happened: it is whole
             state = load_training_state(resolve_checkpoint(killed / "last"), map_location="cpu")
             assert state["step"] > 0
             load_file(str(resolve_checkpoint(killed / "last") / "model.safetensors"))
     finish(launch(killed))  # resume to the end
 
-    assert kills >= 2, "the kills all came too late to test anything"
     a, b = load_file(str(full / "last" / "model.safetensors")), load_file(str(killed / "last" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert losses(killed) == losses(full)

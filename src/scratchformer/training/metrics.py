@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """Drop records past ``step`` (a resumed run rewrites them)."""
         kept = [r for r in self.records() if r.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp = self.path.with_name(f".{self.path.name}.tmp")  # renamed over the log: a kill never leaves it cut short
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.path)
 
 
 def plot_curves(records: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
