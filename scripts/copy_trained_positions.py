@@ -35,7 +35,12 @@ def main() -> None:
     if KEY not in state:
         raise SystemExit(f"{weights}: no {KEY} (learned positions of a BERT export)")
     table = state[KEY]
-    trained = args.trained or json.loads((args.source / "tokenizer_config.json").read_text())["model_max_length"]
+    trained = args.trained
+    if trained is None:
+        settings = args.source / "tokenizer_config.json"
+        trained = json.loads(settings.read_text()).get("model_max_length") if settings.is_file() else None
+        if not isinstance(trained, int):
+            raise SystemExit(f"{settings}: no model_max_length to read: give --trained P")
     if not 0 < trained < len(table):
         raise SystemExit(f"--trained must be in [1, {len(table) - 1}] (the table has {len(table)} rows), got {trained}")
     table = table.clone()

@@ -45,3 +45,6 @@ def test_bad_arguments_are_refused_before_writing(tmp_path):
     assert not (tmp_path / "dst").exists()
     (tmp_path / "taken").mkdir()
     assert "exists" in _run(tmp_path / "src", tmp_path / "taken").stderr
+    (tmp_path / "src" / "tokenizer_config.json").unlink()
+    assert "no model_max_length to read: give --trained P" in _run(tmp_path / "src", tmp_path / "dst").stderr
+    assert _run(tmp_path / "src", tmp_path / "dst", "--trained", 4).returncode == 0
