@@ -90,5 +90,7 @@ def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run(tmp_
     a, b = load_file(str(full / "last" / "model.safetensors")), load_file(str(killed / "last" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert losses(killed) == losses(full)
+    steps = [r["step"] for r in map(json.loads, (killed / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == sorted(set(steps)), "each resume rewinds the log to its checkpoint: no step is logged twice"
     leftovers = [p.name for p in killed.iterdir() if p.name.startswith(".") or p.name.endswith(".old")]
     assert leftovers == []
