@@ -34,9 +34,13 @@ def finish(proc: subprocess.Popen) -> None:
     assert proc.returncode == 0, err[-3000:]
 
 
+def train_records(out: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r and "step" in r and r.get("kind", "train") == "train"]
+
+
 def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r and "step" in r and r.get("kind", "train") == "train"}
+    return {r["step"]: r["loss"] for r in train_records(out)}
 
 
 def logged_step(out: Path) -> int:
@@ -90,7 +94,7 @@ def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run(tmp_
     a, b = load_file(str(full / "last" / "model.safetensors")), load_file(str(killed / "last" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert losses(killed) == losses(full)
-    steps = [r["step"] for r in map(json.loads, (killed / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    steps = [r["step"] for r in train_records(killed)]
     assert steps == sorted(set(steps)), "each resume rewinds the log to its checkpoint: no step is logged twice"
     leftovers = [p.name for p in killed.iterdir() if p.name.startswith(".") or p.name.endswith(".old")]
     assert leftovers == []

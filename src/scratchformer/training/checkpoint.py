@@ -34,7 +34,7 @@ from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
 __all__ = ["average_checkpoints", "finish_interrupted_save", "load_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
-           "resolve_checkpoint", "save_checkpoint", "update_config", "verified_weights"]
+           "resolve_checkpoint", "save_checkpoint", "update_config", "verified_weights", "write_text_atomically"]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
 
@@ -133,8 +133,14 @@ def update_config(directory: str | Path, **fields: Any) -> None:
     """Set ``fields`` in a checkpoint's config.json (the weights and their checksum are untouched),
     atomically: the new file is written beside it and renamed over it."""
     path = resolve_checkpoint(directory) / CONFIG
-    tmp = path.with_name(f".{CONFIG}.tmp")
-    tmp.write_text(json.dumps({**load_config(directory), **fields}, indent=2))
+    write_text_atomically(path, json.dumps({**load_config(directory), **fields}, indent=2))
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``.NAME.tmp`` beside ``path``, flush it to disk, and rename it over ``path``:
+    a crash leaves the old file or the new one, never a part of either."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from scratchformer.training.checkpoint import write_text_atomically
 
 __all__ = ["MetricsLog", "plot_curves"]
 
@@ -29,9 +30,7 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """Drop records past ``step`` (a resumed run rewrites them)."""
         kept = [r for r in self.records() if r.get("step", 0) <= step]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")  # renamed over the log: a kill never leaves it cut short
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.path)
+        write_text_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill never cuts it short
 
 
 def plot_curves(records: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
