@@ -159,6 +159,42 @@ def test_feature_files_are_resumable_and_never_mix_encoders(tmp_path: Path) -> N
         load_image_features(tmp_path / "junk.safetensors")
 
 
+def test_feature_files_reach_the_disk_before_the_rename_and_before_the_chunks_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each file is flushed (fsync) under its temporary name, then renamed; the chunks are deleted
+    only after the merged file was flushed and renamed, so a power cut never leaves only an empty file."""
+    import scratchformer.data.image_features as image_features
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        write_photo(images / f"p{i}.jpg", (64, 48), i)
+    events: list[tuple[str, str]] = []
+    fsync, replace, rmtree = os.fsync, os.replace, image_features.shutil.rmtree
+
+    def logged_fsync(fd: int) -> None:
+        events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}")).name))
+        fsync(fd)
+
+    def logged_replace(src: str | Path, dst: str | Path) -> None:
+        events.append(("replace", Path(src).name))
+        replace(src, dst)
+
+    def logged_rmtree(path: str | Path, *args: object, **kwargs: object) -> None:
+        events.append(("rmtree", Path(path).name))
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(image_features.os, "fsync", logged_fsync)
+    monkeypatch.setattr(image_features.os, "replace", logged_replace)
+    monkeypatch.setattr(image_features.shutil, "rmtree", logged_rmtree)
+    extract_image_features(images, tmp_path / "f.safetensors", CountingEncoder(), chunk_size=2, progress=False)
+    pid = os.getpid()
+    assert events == [("fsync", f"00000.safetensors.{pid}.tmp"), ("replace", f"00000.safetensors.{pid}.tmp"),
+                      ("fsync", f"00001.safetensors.{pid}.tmp"), ("replace", f"00001.safetensors.{pid}.tmp"),
+                      ("fsync", f"f.safetensors.{pid}.tmp"), ("replace", f"f.safetensors.{pid}.tmp"),
+                      ("rmtree", "f.safetensors.parts")]
+
+
 # ---------------------------------------------------------------- loaders
 
 

@@ -103,7 +103,9 @@ def load_image_features(path: str | Path) -> ImageFeatures:
 
 
 def save_image_features(path: str | Path, features: ImageFeatures) -> None:
-    """Write atomically (a temporary file renamed over ``path``)."""
+    """Write atomically: a temporary file, flushed to disk, then renamed over ``path`` (a crash
+    leaves the old file or the new one; the chunks :func:`extract_image_features` deletes after
+    this write are never the only copy of features that have not reached the disk)."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -112,6 +114,8 @@ def save_image_features(path: str | Path, features: ImageFeatures) -> None:
     meta = {"format": FORMAT, "names": json.dumps(features.names), "description": json.dumps(features.description)}
     save_file({"regions": features.regions.half().contiguous(), "pooled": features.pooled.half().contiguous()},
               str(tmp), metadata=meta)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
