@@ -34,9 +34,12 @@ def finish(proc: subprocess.Popen) -> None:
     assert proc.returncode == 0, err[-3000:]
 
 
+def is_train_record(record: dict) -> bool:
+    return "loss" in record and "step" in record and record.get("kind", "train") == "train"
+
+
 def train_records(out: Path) -> list[dict]:
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r and "step" in r and r.get("kind", "train") == "train"]
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if is_train_record(r)]
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -55,7 +58,7 @@ def logged_step(out: Path) -> int:
             record = json.loads(line)
         except ValueError:
             continue
-        if "loss" in record and "step" in record:
+        if is_train_record(record):
             steps.append(record["step"])
     return max(steps)
 

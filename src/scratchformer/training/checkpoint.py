@@ -94,8 +94,13 @@ def _remove_temporaries(directory: Path) -> None:
 def _fsync_dir_files(directory: Path) -> None:
     for path in directory.iterdir():
         if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
+            _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path``'s data to the disk (before a rename makes it the real file)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def resolve_checkpoint(directory: str | Path) -> Path:
@@ -141,8 +146,7 @@ def write_text_atomically(path: Path, text: str) -> None:
     a crash leaves the old file or the new one, never a part of either."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    _fsync(tmp)
     os.replace(tmp, path)
 
 
