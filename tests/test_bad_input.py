@@ -128,6 +128,8 @@ def test_kernel_and_mask_helpers_name_the_problem() -> None:
 def test_config_rejects_negative_layers_and_eps() -> None:
     with pytest.raises(ValueError, match=r"num_encoder_layers must be >= 0 \(an integer\), got -1"):
         sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, num_encoder_layers=-1)
+    with pytest.raises(ValueError, match=r"num_decoder_layers must be positive \(an integer\), got 0"):
+        sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, num_decoder_layers=0)  # its cache would count no step
     with pytest.raises(ValueError, match="layer_norm_eps must be positive"):
         sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, layer_norm_eps=-1.0)
 

@@ -332,6 +332,53 @@ def test_cli_train_captioner_caption_and_attention_png(tmp_path: Path, capsys) -
     assert json.loads(capsys.readouterr().out)["n"] == 2
 
 
+def test_a_run_killed_in_scst_before_its_first_save_resumes(tmp_path: Path, monkeypatch) -> None:
+    """Phase 1 done, scst/metrics.jsonl written, no scst/last: --resume reruns phase 2 alone, one log."""
+    from scratchformer.tasks.captioning import SelfCriticalTask
+
+    recipe = tiny_recipe(tmp_path, max_steps=2, warmup_steps=1, eval_every=0, log_every=1)
+    recipe.scst = {"steps": 3, "samples": 2}
+    recipe.shapes = {"seed": 0, "train_size": 16, "valid_size": 4, "test_size": 2}
+    loss, calls = SelfCriticalTask.loss, []
+
+    def killed_at_step_2(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return loss(self, *args)
+
+    monkeypatch.setattr(SelfCriticalTask, "loss", killed_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        train_captioner(recipe)
+    run = tmp_path / "run"
+    assert (run / "scst" / "metrics.jsonl").is_file() and not (run / "scst" / "last").exists()
+    phase1_log = (run / "metrics.jsonl").read_text()
+    monkeypatch.setattr(SelfCriticalTask, "loss", loss)
+    report = train_captioner(recipe, resume=True)
+    assert set(report["best_valid"]) == {"xe", "scst"}
+    assert (run / "metrics.jsonl").read_text() == phase1_log  # phase 1 not rerun
+    records = map(json.loads, (run / "scst" / "metrics.jsonl").read_text().splitlines())
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]  # the killed attempt's step 1 not kept
+
+
+def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(tmp_path: Path, capsys, monkeypatch) -> None:
+    from test_generation_cli import spy_on_decoding
+
+    recipe = tiny_recipe(tmp_path, max_steps=1, warmup_steps=0, eval_every=0)
+    recipe.shapes = {"seed": 0, "train_size": 4, "valid_size": 2, "test_size": 5}
+    train_captioner(recipe)
+    tsv = save_caption_folder(shape_scene_splits(**recipe.shapes)["test_seen"], tmp_path / "scenes")
+    batches = spy_on_decoding(monkeypatch, "captioning")
+    args = ["evaluate", "--checkpoint", str(tmp_path / "run" / "best"), "--captions", str(tsv),
+            "--images", str(tmp_path / "scenes"), "--device", "cpu", "--json"]
+    capsys.readouterr()
+    assert main([*args, "--batch-size", "2", "--precision", "bf16"]) == 0
+    assert batches == [(2, True), (2, True), (1, True)] and json.loads(capsys.readouterr().out)["n"] == 5
+    batches.clear()
+    assert main(args) == 0
+    assert batches == [(5, False)]
+
+
 def test_committed_recipe_is_valid() -> None:
     recipe = CaptioningRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "shapes_captioning.json")
     assert recipe.data == "shapes" and recipe.train.best_metric == "bleu4"

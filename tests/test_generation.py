@@ -168,6 +168,21 @@ def test_min_new_tokens_delays_eos(search) -> None:
         assert config.do_sample or len(n[0].tokens) == 5  # searches: 4 tokens, then EOS at once, the likeliest
 
 
+@pytest.mark.parametrize("search", [{}, {"num_beams": 3, "num_return_sequences": 3}, {"do_sample": True}])
+def test_log_prob_is_the_models_own_under_a_repetition_penalty(search) -> None:
+    """The penalty reshapes the scores that choose (and, for beams, rank: the score, as Hugging
+    Face's sequences_scores); log_prob stays the model's log-probability of the tokens, whatever the search."""
+    model, src = cycle_model(), torch.tensor([[3], [4]])
+    config = GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS, max_new_tokens=6, min_new_tokens=5,
+                              repetition_penalty=1.5, **search)
+    for h in (h for n_best in generate(model, src, config, seed=0) for h in n_best):
+        path = [BOS] + h.tokens
+        expected = sum(float(model.table[a, b]) for a, b in zip(path, path[1:]))
+        assert h.log_prob == pytest.approx(expected, abs=1e-5)
+        if search.get("num_beams"):  # penalised repeats: the ranking score sits below the model's
+            assert h.score < expected / len(h.tokens) ** config.length_penalty - 1e-3
+
+
 @pytest.mark.parametrize("search", [{}, {"num_beams": 3, "num_return_sequences": 2}, {"do_sample": True}])
 def test_a_forced_prefix_is_respected_and_scored(search) -> None:
     model, src = cycle_model(), torch.tensor([[3], [4]])

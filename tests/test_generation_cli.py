@@ -116,3 +116,34 @@ def test_a_pipe_is_answered_line_by_line(checkpoint) -> None:
     finally:
         proc.kill()
     assert answers == ["A red dog runs.", "A small cat sleeps."]
+
+
+def spy_on_decoding(monkeypatch, module: str) -> list[tuple[int, bool]]:
+    """(batch size, bf16 autocast on?) of each batch ``scratchformer.tasks.<module>`` decodes."""
+    import importlib
+
+    import torch
+
+    tasks = importlib.import_module(f"scratchformer.tasks.{module}")
+    decode, batches = tasks.generate, []
+
+    def spy(model, inputs, *args):
+        bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        batches.append((len(inputs), bf16))
+        return decode(model, inputs, *args)
+
+    monkeypatch.setattr(tasks, "generate", spy)
+    return batches
+
+
+def test_evaluate_decodes_with_the_batch_size_and_precision_given(checkpoint, capsys, monkeypatch) -> None:
+    path, recipe = checkpoint
+    batches = spy_on_decoding(monkeypatch, "translation")
+    args = ["evaluate", "--checkpoint", path, "--source", recipe.test_source, "--reference", recipe.test_target,
+            "--device", "cpu", "--json"]
+    assert main([*args, "--batch-size", "16", "--precision", "bf16"]) == 0
+    assert batches == [(16, True), (16, True), (8, True)]  # 40 sentences
+    assert json.loads(capsys.readouterr().out)["bleu"] > 90
+    batches.clear()
+    assert main(args) == 0
+    assert batches == [(40, False)]  # the default: 64 a batch, fp32

@@ -463,7 +463,7 @@ def trained_translator(tmp_path_factory) -> tuple[Path, Translator]:
     """Our recipe, post-LN (Marian's), the paper's interleaved positions, a few steps."""
     tmp = tmp_path_factory.mktemp("mt")
     recipe = tiny_recipe(tmp, max_steps=40, eval_every=40)
-    recipe.model["norm_first"] = False
+    recipe.model["norm_first"], recipe.average_last = False, 0  # one evaluation: nothing to average
     report = train_translation(recipe)
     checkpoint = tmp / "run" / report["test_checkpoint"]
     return checkpoint, load_translator(checkpoint, device="cpu")

@@ -331,6 +331,48 @@ def test_text_files_binary_or_with_a_bom(tmp_path: Path) -> None:
     assert load_labelled_texts(bom).texts == ["good", "bad"]
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_bad_byte_past_the_checked_start_names_the_file(tmp_path: Path, gz: bool) -> None:
+    """The first 64 KiB are checked when the file opens; a Latin-1 byte after them is still an error
+    naming the file, for every reader of open_text (records, plain lines, parallel text)."""
+    import gzip
+
+    from scratchformer.data.labelled_texts import load_texts
+    from scratchformer.data.parallel_texts import load_parallel_texts
+
+    body = b'{"text": "a fine film", "label": 1}\n' * 3000 + '{"text": "caf\u00e9", "label": 0}\n'.encode("latin-1")
+    for name, read in (("late.jsonl", load_labelled_texts), ("late.txt", load_texts),
+                       ("late.de", lambda path: load_parallel_texts(path, path))):
+        path = tmp_path / (name + (".gz" if gz else ""))
+        path.write_bytes(gzip.compress(body) if gz else body)
+        with pytest.raises(ValueError, match=f"{path}: not UTF-8 text past its first 64 KiB"):
+            read(path)
+
+
+def test_csv_rows_the_header_does_not_fit_are_malformed_not_cut(tmp_path: Path) -> None:
+    """csv.DictReader files extra fields under None and fills missing ones with None: an unquoted
+    comma would silently cut a review (or, with the text first, make its tail a new class)."""
+    path = tmp_path / "reviews.csv"
+    path.write_text("label,text\n1,A great film\n0,Dull, and far too long\n1\n")
+    with pytest.raises(ValueError, match=f"{path}:3: more fields than the header's 2 \\(an unquoted comma\\?\\)"):
+        load_labelled_texts(path)
+    data = load_labelled_texts(path, on_error="skip")
+    assert data.texts == ["A great film"] and data.skipped == {"malformed": 2}  # line 4: fewer fields
+    path.write_text("label,text\n1,A great film\n1\n")
+    with pytest.raises(ValueError, match=f"{path}:3: fewer fields than the header's 2"):
+        load_labelled_texts(path)
+
+
+def test_parallel_text_keeps_the_last_lines_ending(tmp_path: Path) -> None:
+    """The last line has no newline to strip: its own final characters stay (here an 'n' and a backslash)."""
+    from scratchformer.data.parallel_texts import load_parallel_texts
+
+    (tmp_path / "s.de").write_text("Ein Mann\nEine Frau lief davon")
+    (tmp_path / "t.en").write_text("A man\nA woman ran down\\")
+    pairs = load_parallel_texts(tmp_path / "s.de", tmp_path / "t.en")
+    assert pairs.sources == ["Ein Mann", "Eine Frau lief davon"] and pairs.targets == ["A man", "A woman ran down\\"]
+
+
 @pytest.mark.parametrize("image_id", ["../outside/x.png", "/etc/passwd", "a/../../x.png"])
 def test_caption_ids_cannot_leave_the_images_folder(tmp_path: Path, image_id: str) -> None:
     (tmp_path / "images").mkdir()

@@ -156,6 +156,10 @@ def test_metrics_match_scikit_learn() -> None:
     for i, name in enumerate("abc"):
         m = ours["per_class"][name]
         assert (m["precision"], m["recall"], m["f1"], m["support"]) == pytest.approx((p[i], r[i], f[i], s[i]))
+    y_true, y_pred = [t + 1 for t in y_true], [t + 1 for t in y_pred]  # labels 1..3: class 0 never occurs
+    ours = classification_metrics(y_true, y_pred, ["0", "a", "b", "c"])
+    assert ours["macro_f1"] == pytest.approx(sklearn_metrics.f1_score(y_true, y_pred, average="macro"))
+    assert classification_metrics([1, 2], [1, 2], ["0", "1", "2"])["macro_f1"] == 1.0  # not 2/3
 
 
 def test_length_bucketed_batches() -> None:

@@ -159,8 +159,9 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     """The options every ``train`` command shares; they override the recipe's ``train`` section."""
     parser.add_argument("--data-dir", help="what {data} means in recipe paths (default $SCRATCHFORMER_DATA or ../shared/data)")
     parser.add_argument("--out", help="output directory (checkpoints, metrics.jsonl, curves.png, report.json)")
-    parser.add_argument("--epochs", type=_positive)
-    parser.add_argument("--max-steps", type=_positive)
+    parser.add_argument("--epochs", type=_positive, help="passes over the training data; replaces the recipe's "
+                        "max_steps (which would stop training first) unless --max-steps is given too")
+    parser.add_argument("--max-steps", type=_positive, help="optimizer steps in total (instead of epochs)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device")
     parser.add_argument("--threads", type=_non_negative)
@@ -171,7 +172,10 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_overrides(args: argparse.Namespace) -> dict:
-    return {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None}
+    overrides = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None}
+    if args.epochs is not None and args.max_steps is None:
+        overrides["max_steps"] = None  # the epochs asked for, not the recipe's max_steps, end the run
+    return overrides
 
 
 def _train_classifier(args: argparse.Namespace) -> int:
@@ -416,9 +420,17 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
     if len(sources) != len(references):
         raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
     translator = load_translator(args.checkpoint, device=args.device)
-    scores = translator.evaluate(sources, references, config=translator.generation_config(**args.generation),
-                                 prefix=args.prefix, seed=args.seed)
+    with _autocast(translator.device, args.precision):
+        scores = translator.evaluate(sources, references, config=translator.generation_config(**args.generation),
+                                     prefix=args.prefix, seed=args.seed, batch_size=args.batch_size)
     return _print_scores(args, scores, "BLEU {bleu:.2f}  chrF {chrf:.2f}  ({n} sentences; {bleu_signature})")
+
+
+def _autocast(device, precision: str):
+    """Translation and captioning evaluation under ``--precision`` (bf16: autocast, as a classifier's)."""
+    import torch
+
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def _print_scores(args: argparse.Namespace, scores: dict, line: str) -> int:
@@ -453,8 +465,9 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
     else:
         examples, _ = load_caption_folder(args.captions, args.images, captioner.model.config.image_size
                                           if captioner.model.config.input == "pixels" else None)
-    scores = captioner.evaluate(examples, config=captioner.generation_config(**args.generation), prefix=args.prefix,
-                                seed=args.seed)
+    with _autocast(captioner.device, args.precision):
+        scores = captioner.evaluate(examples, config=captioner.generation_config(**args.generation), prefix=args.prefix,
+                                    seed=args.seed, batch_size=args.batch_size)
     return _print_scores(args, scores, "BLEU-1 {bleu1:.2f}  BLEU-2 {bleu2:.2f}  BLEU-3 {bleu3:.2f}  BLEU-4 {bleu4:.2f}  "
                                        "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)")
 
@@ -609,8 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--output", help="translation/captioning: write the hypotheses here")
     evaluate.add_argument("--text-field", default="text")
     evaluate.add_argument("--label-field", default="label")
-    evaluate.add_argument("--batch-size", type=_positive, default=64)
-    evaluate.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    evaluate.add_argument("--batch-size", type=_positive, default=64, help="examples per batch")
+    evaluate.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (CPU or GPU)")
     evaluate.add_argument("--device", default="auto")
     evaluate.add_argument("--json", action="store_true", help="the scores as one JSON object")
     evaluate.set_defaults(func=_evaluate)

@@ -22,11 +22,12 @@ __all__ = ["Transformer", "TransformerConfig"]
 @dataclass
 class TransformerConfig(ModelConfig):
     """:class:`ModelConfig`'s fields; src/tgt_vocab_size: V of each side; num_encoder/decoder_layers:
-    N of each stack; share_embeddings: one embedding matrix for both sides (equal V); tie_output: the
-    output projection reuses the target embedding matrix (section 3.4)."""
+    N of each stack (the decoder's >= 1: only its layers read the source); share_embeddings: one embedding
+    matrix for both sides (equal V); tie_output: the output projection reuses the target embedding (3.4)."""
 
     VOCABS = ("src_vocab_size", "tgt_vocab_size")
-    DEPTHS = ("num_encoder_layers", "num_decoder_layers")
+    SIZES = ("num_decoder_layers",)
+    DEPTHS = ("num_encoder_layers",)
 
     src_vocab_size: int
     tgt_vocab_size: int

@@ -42,9 +42,39 @@ class LabelledTexts:
         return LabelledTexts([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.label_names)
 
 
+class _NamedUTF8(io.TextIOWrapper):
+    """A text stream whose decoding errors past the checked start name the file (a ValueError)."""
+
+    def __init__(self, raw: io.BufferedIOBase, path: Path):
+        super().__init__(raw, encoding="utf-8-sig")
+        self.path = path
+
+    def _named(self, e: UnicodeDecodeError) -> ValueError:
+        return ValueError(f"{self.path}: not UTF-8 text past its first 64 KiB ({e.reason}: {e.object[e.start:e.end]!r})")
+
+    def __next__(self) -> str:
+        try:
+            return super().__next__()
+        except UnicodeDecodeError as e:
+            raise self._named(e) from None
+
+    def read(self, size: int | None = -1) -> str:
+        try:
+            return super().read(size)
+        except UnicodeDecodeError as e:
+            raise self._named(e) from None
+
+    def readline(self, size: int | None = -1) -> str:
+        try:
+            return super().readline(size)
+        except UnicodeDecodeError as e:
+            raise self._named(e) from None
+
+
 def open_text(path: str | Path) -> io.TextIOBase:
     """Open a UTF-8 text file for reading (a byte-order mark is skipped), transparently
-    decompressing ``.gz``. A binary file, or one that is not UTF-8, is a ValueError naming it."""
+    decompressing ``.gz``. A binary file, or one that is not UTF-8, is a ValueError naming it
+    (checked on the first 64 KiB at once, on the rest as it is read)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
@@ -61,15 +91,21 @@ def open_text(path: str | Path) -> io.TextIOBase:
         head[:end].decode("utf-8-sig")
     except UnicodeError as e:
         raise ValueError(f"{path}: not a UTF-8 text file ({e}); is it binary?") from None
-    return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig") if gz else open(path, encoding="utf-8-sig")
+    return _NamedUTF8(gzip.open(path, "rb") if gz else open(path, "rb"), path)
 
 
 def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
     """(line number, record or None if malformed, error message)."""
     with open_text(path) as f:
         if fmt == "csv":
-            for number, row in enumerate(csv.DictReader(f), start=2):
-                yield number, dict(row), ""
+            rows = csv.DictReader(f)
+            for row in rows:  # a row the header does not fit is malformed, not cut or padded silently
+                if None in row:
+                    yield rows.line_num, None, f"more fields than the header's {len(row) - 1} (an unquoted comma?)"
+                elif None in row.values():
+                    yield rows.line_num, None, f"fewer fields than the header's {len(row)}"
+                else:
+                    yield rows.line_num, dict(row), ""
             return
         for number, line in enumerate(f, start=1):
             if not line.strip():

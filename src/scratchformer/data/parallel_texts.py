@@ -28,9 +28,9 @@ class ParallelTexts:
 def load_parallel_texts(source_path: str | Path, target_path: str | Path, limit: int | None = None) -> ParallelTexts:
     """Read two aligned files; drop (and count) pairs where either side is empty."""
     with open_text(source_path) as f:
-        sources = [line.rstrip("\\n").strip() for line in f]
+        sources = [line.strip() for line in f]
     with open_text(target_path) as f:
-        targets = [line.rstrip("\\n").strip() for line in f]
+        targets = [line.strip() for line in f]
     if len(sources) != len(targets):
         raise ValueError(
             f"parallel files differ in length: {source_path} has {len(sources)} lines, "

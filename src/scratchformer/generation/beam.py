@@ -15,8 +15,10 @@ __all__ = ["Hypothesis", "beam_search"]
 
 @dataclass
 class Hypothesis:
-    """A finished beam: the tokens (ending with EOS, without BOS), the summed log-probability,
-    and the length-normalised score that ranks it, ``log_prob / len(tokens) ** length_penalty``."""
+    """A finished beam: the tokens (ending with EOS, without BOS), the model's summed
+    log-probability of them, and the length-normalised score that ranks it,
+    ``log_prob / len(tokens) ** length_penalty`` with the log-probabilities as the step rules left
+    them (they differ from the model's only under a repetition penalty)."""
 
     tokens: list[int]
     log_prob: float
@@ -73,33 +75,38 @@ def beam_search(
     tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # one live beam at the start, or the k beams would all be the same
+    log_prob = torch.zeros(B * k, device=device)  # the model's own, before the rules: reported
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     done = [False] * B
     for step in range(rules.steps):
         logits = model.decode(tokens[:, -1:], memory, src_padding_mask, cache=cache)[:, -1].float()
         check_logits(logits, step)
-        log_probs = rules(torch.log_softmax(logits, dim=-1), tokens, step, rows)  # (B*k, V)
+        model_log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = rules(model_log_probs, tokens, step, rows)  # (B*k, V)
         V = log_probs.shape[-1]
         candidates = (scores.view(-1, 1) + log_probs).view(B, k * V)
         best, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (B, 2k)
         top_scores, top_beam, top_token = best.tolist(), (top_index // V).tolist(), (top_index % V).tolist()
+        top_log_probs = (log_prob.view(-1, 1) + model_log_probs).view(B, k * V).gather(1, top_index).tolist()
 
         keep_beam = torch.zeros(B, k, dtype=torch.long)
         keep_token = torch.full((B, k), eos_id, dtype=torch.long)
-        new_scores = torch.full((B, k), float("-inf"))
+        new_scores, new_log_prob = torch.full((B, k), float("-inf")), torch.zeros(B, k)
         for b in range(B):
             if done[b]:
                 continue
             live = 0
-            for rank, (score, beam, token) in enumerate(zip(top_scores[b], top_beam[b], top_token[b])):
+            for rank, (score, beam, token, lp) in enumerate(zip(top_scores[b], top_beam[b], top_token[b],
+                                                                top_log_probs[b])):
                 if score == float("-inf") or live == k:
                     break
                 if token == eos_id:
                     if rank < k:  # only EOS among the k best extensions ends a hypothesis
                         hyp = tokens[b * k + beam, 1:].tolist() + [eos_id]
-                        finished[b].append(Hypothesis(hyp, score, score / len(hyp) ** length_penalty))
+                        finished[b].append(Hypothesis(hyp, lp, score / len(hyp) ** length_penalty))
                     continue
                 keep_beam[b, live], keep_token[b, live], new_scores[b, live] = beam, token, score
+                new_log_prob[b, live] = lp
                 live += 1
             done[b] = live == 0
             if len(finished[b]) >= k:  # stop when no live hypothesis can beat the k finished ones
@@ -112,5 +119,5 @@ def beam_search(
         index = (torch.arange(B)[:, None] * k + keep_beam).view(-1).to(device)
         cache.reorder(index)
         tokens = torch.cat([tokens[index], keep_token.view(-1, 1).to(device)], dim=1)
-        scores = new_scores.to(device)
+        scores, log_prob = new_scores.to(device), new_log_prob.view(-1).to(device)
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]

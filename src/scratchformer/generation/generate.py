@@ -62,7 +62,8 @@ def generate(
 
     Returns:
         For each source, ``num_return_sequences`` hypotheses (tokens ending with EOS, without BOS;
-        ``log_prob``: the summed log-probabilities; ``score``: ``log_prob / len ** length_penalty``):
+        ``log_prob``: the model's summed log-probabilities; ``score``: ``log_prob / len ** length_penalty``,
+        for beam search with the log-probabilities as the step rules left them, which rank the beams):
         the best first for beam search, in drawing order for samples.
     """
     config = config or GenerationConfig()

@@ -53,7 +53,6 @@ from scratchformer.models.image_encoder import ImageEncoder
 from scratchformer.generation import GenerationConfig, generate, greedy_decode, sample_decode
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
-from scratchformer.training.trainer import earlier_run
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.tasks.common import Generated, check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
@@ -229,9 +228,9 @@ class Captioner:
         return [n[0].text for n in self.generate(inputs, config, prefix, seed, batch_size)]
 
     def evaluate(self, examples: CaptionExamples, beam_size: int | None = None,
-                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
-                 ) -> dict[str, Any]:
-        hypotheses = self.caption(examples.inputs, beam_size, config=config, prefix=prefix, seed=seed)
+                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None,
+                 batch_size: int = 128) -> dict[str, Any]:
+        hypotheses = self.caption(examples.inputs, beam_size, batch_size, config, prefix, seed)
         return {**caption_scores(hypotheses, examples.references), "hypotheses": hypotheses}
 
     @torch.no_grad()
@@ -613,10 +612,13 @@ def train_captioner(recipe: CaptioningRecipe, data_dir: str | Path = "../shared/
     check_run(r.train, resume)  # device, precision, output directory: before any data work
     if r.scst:  # phase 2's output directory is checked now, not after phase 1
         scst_dir = Path(r.train.out_dir) / "scst"
-        resume_scst = resume and bool(earlier_run(scst_dir))
+        # it resumes from its own last/; killed before its first save, it starts afresh (its partial log replaced)
+        resume_scst = resume and distributed.on_main(
+            lambda: any((scst_dir / d / "training_state.pt").is_file() for d in ("last", "last.old")))
         scst_config = dataclasses.replace(
             r.train, out_dir=str(scst_dir), max_steps=r.scst["steps"], warmup_steps=0, schedule="constant",
-            lr=r.scst.get("lr", r.train.lr * 0.05), eval_every=r.scst.get("eval_every", r.train.eval_every))
+            lr=r.scst.get("lr", r.train.lr * 0.05), eval_every=r.scst.get("eval_every", r.train.eval_every),
+            overwrite=r.train.overwrite or (resume and not resume_scst))
         check_run(scst_config, resume_scst)
     if splits is None:
         splits, vocab = load_caption_splits(r, data_dir)

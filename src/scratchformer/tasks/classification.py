@@ -34,7 +34,7 @@ from scratchformer.training.checkpoint import load_checked, load_config, open_ch
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.models.pooling import POOLING_MODES
-from scratchformer.tasks.common import check_batch, check_model_fields, check_range
+from scratchformer.tasks.common import check_batch, check_files, check_model_fields, check_range
 
 __all__ = [
     "ClassificationTask",
@@ -48,12 +48,14 @@ __all__ = [
 
 
 def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], label_names: Sequence[str]) -> dict[str, Any]:
-    """Accuracy, per-class precision/recall/F1, macro F1, and the confusion matrix [true][pred]."""
+    """Accuracy, per-class precision/recall/F1, macro F1, and the confusion matrix [true][pred].
+    Macro F1 averages the classes that occur in ``y_true`` or ``y_pred``, as scikit-learn's: a class
+    never seen nor predicted (class 0 of labels 1..K) is not averaged in as an F1 of 0."""
     k = len(label_names)
     confusion = [[0] * k for _ in range(k)]
     for t, p in zip(y_true, y_pred):
         confusion[t][p] += 1
-    per_class = {}
+    per_class, occurring = {}, []  # occurring: the F1 of each class seen or predicted
     for c, name in enumerate(label_names):
         tp = confusion[c][c]
         predicted = sum(confusion[r][c] for r in range(k))
@@ -62,10 +64,11 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], label_n
         recall = tp / actual if actual else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         per_class[name] = {"precision": precision, "recall": recall, "f1": f1, "support": actual}
+        occurring += [f1] if actual or predicted else []
     n = len(y_true)
     return {
         "accuracy": sum(confusion[c][c] for c in range(k)) / n if n else 0.0,
-        "macro_f1": sum(m["f1"] for m in per_class.values()) / k,
+        "macro_f1": sum(occurring) / len(occurring) if occurring else 0.0,
         "per_class": per_class,
         "confusion": confusion,
         "n": n,
@@ -166,8 +169,19 @@ class ClassifierRecipe(Recipe):
             raise ValueError(f"truncation: expected one of {TRUNCATIONS}, got {self.truncation!r}")
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"pooling: expected one of {POOLING_MODES}, got {self.pooling!r}")
-        if self.label_names is not None and (len(set(self.label_names)) != len(self.label_names) or len(self.label_names) < 2):
-            raise ValueError(f"label_names: expected at least two distinct names, got {self.label_names}")
+        names = self.label_names
+        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)
+                                  or len(set(names)) != len(names) or len(names) < 2):
+            raise ValueError(f"label_names: expected at least two distinct names (a list of strings), got {names!r}")
+        if self.valid_file is None and self.valid_size < 1:
+            raise ValueError(f"valid_size must be >= 1 without a valid_file (it is held out of train_file), "
+                             f"got {self.valid_size}")
+        if self.truncation == "head_tail" and not 0 < self.head_length < self.max_length:
+            raise ValueError(f"head_length must be in (0, max_length={self.max_length}) for truncation 'head_tail', "
+                             f"got {self.head_length}")
+        if self.pretrained and self.tokenizer:
+            raise ValueError("tokenizer: a pretrained encoder brings its own tokenizer.json; "
+                             "give pretrained or tokenizer, not both")
         if self.pretrained:
             extra = sorted(set(self.model) - {"dropout", "attention_dropout"})
             if extra:
@@ -175,8 +189,6 @@ class ClassifierRecipe(Recipe):
         else:
             check_model_fields(EncoderConfig, {"max_len": self.max_length, **self.model}, vocab_size=self.vocab_size,
                                pad_id=0)
-
-
 
 
 def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
@@ -194,12 +206,20 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     if c.pretrained and not (Path(c.pretrained) / "config.json").is_file():
         raise FileNotFoundError(f"pretrained: no checkpoint directory at {c.pretrained} (config.json, model.safetensors, "
                                 "tokenizer.json); give --pretrained DIR")
+
+    def check_inputs() -> None:  # rank 0 reads them all
+        check_files(data_dir, train_file=c.train_file, valid_file=c.valid_file, test_file=c.test_file)
+        check_files(data_dir, "tokenizer", tokenizer=None if resume else c.tokenizer)  # a resumed run reads its own
+
+    distributed.on_main(check_inputs)
     load = lambda p, names=c.label_names: load_labelled_texts(  # noqa: E731
         resolve_data_path(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
     )
     full = load(c.train_file)
     if c.valid_file:
         train, valid = full, load(c.valid_file, full.label_names)
+    elif len(full) <= c.valid_size:
+        raise ValueError(f"valid_size={c.valid_size} leaves no training text out of {len(full)}")
     else:
         perm = torch.randperm(len(full), generator=torch.Generator().manual_seed(c.train.seed)).tolist()
         train, valid = full.subset(perm[c.valid_size :]), full.subset(perm[: c.valid_size])

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["Generated", "check_batch", "check_decoding", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
+from scratchformer.training.recipe import resolve_data_path
+
+__all__ = ["Generated", "check_batch", "check_decoding", "check_files", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:
@@ -69,8 +73,18 @@ def check_range(recipe: object, at_least: dict[str, int], fractions: tuple[str, 
     for name, low in at_least.items():
         _check_integer(name, getattr(recipe, name), low)
     for name in fractions:
-        if not 0.0 <= getattr(recipe, name) < 1.0:
-            raise ValueError(f"{name} must be in [0, 1), got {getattr(recipe, name)}")
+        value = getattr(recipe, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+
+
+def check_files(data_dir: str | Path, kind: str = "data", **paths: str | None) -> None:
+    """The ``kind`` files that recipe fields name (field=path; None: not used; ``{data}`` is
+    ``data_dir``) exist: a run checks every input before any work starts, not after training."""
+    for name, path in paths.items():
+        resolved = resolve_data_path(path, data_dir)
+        if resolved is not None and not Path(resolved).is_file():
+            raise FileNotFoundError(f"{name}: {kind} file not found: {resolved}")
 
 
 def check_model_fields(config_cls: type, fields: dict[str, Any], **filled: Any) -> None:

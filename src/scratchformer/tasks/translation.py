@@ -33,7 +33,7 @@ from scratchformer.training.checkpoint import load_checked, open_checkpoint, res
 from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.generation import GenerationConfig, generate
-from scratchformer.tasks.common import Generated, check_batch, check_decoding, check_model_fields, check_range, label_smoothed_loss, pad_ids
+from scratchformer.tasks.common import Generated, check_batch, check_decoding, check_files, check_model_fields, check_range, label_smoothed_loss, pad_ids
 from scratchformer.tools.attention_maps import plot_attention, record_attention
 
 __all__ = [
@@ -122,9 +122,9 @@ class Translator:
         return [n[0].text for n in self.generate(texts, config, prefix, seed, batch_size)]
 
     def evaluate(self, sources: Sequence[str], references: Sequence[str], beam_size: int | None = None,
-                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
-                 ) -> dict[str, Any]:
-        hypotheses = self.translate(sources, beam_size, config=config, prefix=prefix, seed=seed)
+                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None,
+                 batch_size: int = 64) -> dict[str, Any]:
+        hypotheses = self.translate(sources, beam_size, batch_size, config, prefix, seed)
         return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
 
     def save_pretrained(self, directory: str | Path, format: str = "hf") -> Path:
@@ -228,6 +228,9 @@ class TranslationRecipe(Recipe):
     def validate(self) -> None:
         check_range(self, {"vocab_size": 8, "max_length": 2, "max_tokens": 1, "average_last": 0}, ("label_smoothing",))
         check_decoding(self.decoding)
+        if bool(self.test_source) != bool(self.test_target):
+            raise ValueError(f"test_source and test_target: give both or neither, got {self.test_source!r} and "
+                             f"{self.test_target!r}")
         if not isinstance(self.decoding_grid, dict):
             raise ValueError(f"decoding_grid: expected an object of lists, got {self.decoding_grid!r}")
         for key, values in self.decoding_grid.items():
@@ -242,7 +245,6 @@ class TranslationRecipe(Recipe):
             raise ValueError(f"max_length={self.max_length} tokens per side exceeds the model's max_len={max_len}")
 
 
-
 def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
     """Run a recipe: BPE, model, training; then the best (or averaged) model on the test set, with beam search.
 
@@ -253,6 +255,14 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shar
     r = recipe
     distributed.init(r.train.device)
     check_run(r.train, resume)  # device, precision, output directory: before any data work
+
+    def check_inputs() -> None:  # rank 0 reads them all
+        check_files(data_dir, train_source=r.train_source, train_target=r.train_target, valid_source=r.valid_source,
+                    valid_target=r.valid_target, test_source=r.test_source, test_target=r.test_target)
+        check_files(data_dir, "tokenizer", tokenizer=None if resume else r.tokenizer)  # a resumed run reads its own
+
+    distributed.on_main(check_inputs)
+
     def load_pair(source: str | None, target: str | None) -> ParallelTexts:
         return load_parallel_texts(resolve_data_path(source, data_dir), resolve_data_path(target, data_dir))  # type: ignore[arg-type]
 

@@ -22,6 +22,9 @@ import random
 import shutil
 import sys
 import time
+import types
+import typing
+import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +51,10 @@ __all__ = ["TrainConfig", "TrainResult", "Trainer", "TrainingTask", "resolve_dev
 PRECISIONS = ("fp32", "bf16", "fp16")
 MAX_CONSECUTIVE_SKIPS = 20  # fp16 overflows in a row before training stops
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # torch's fused AdamW kernel (one pass over all parameters) runs there
+# TrainConfig's integer counts and their least values (seed may be any integer, max_steps also None)
+AT_LEAST = {"epochs": 1, "max_steps": 1, "grad_accum": 1, "log_every": 1, "eval_every": 0, "save_every": 0,
+            "keep_checkpoints": 0, "warmup_steps": 0, "threads": 0}
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
 
 
 @dataclass
@@ -116,32 +123,55 @@ class TrainConfig:
     deterministic: bool = False
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
+        if isinstance(self.betas, list):
+            self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule: expected one of {SCHEDULES}, got {self.schedule!r}")
         if self.best_mode not in ("min", "max"):
             raise ValueError(f"best_mode: expected 'min' or 'max', got {self.best_mode!r}")
-        for name in ("epochs", "grad_accum", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        for name, least in AT_LEAST.items():  # epochs=1.5 would never reach its last step (nor save it)
+            value = getattr(self, name)
+            if not (name == "max_steps" and value is None) and (
+                    isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least):
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        for name, hint in typing.get_type_hints(TrainConfig).items():  # a JSON recipe may hold "lr": "1e-3"
+            if not _fits(getattr(self, name), hint):
+                raise ValueError(f"{name} must be {_describe(hint)}, got {getattr(self, name)!r}")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ValueError(f"lr must be positive, got {self.lr}")
-        for name in ("eval_every", "save_every", "keep_checkpoints", "warmup_steps", "threads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be positive (or null: no clipping), got {self.grad_clip}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not self.weight_decay >= 0 or not self.adam_eps > 0:
             raise ValueError(f"weight_decay must be >= 0 and adam_eps > 0, got {self.weight_decay}, {self.adam_eps}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+        if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the annotated type ``hint``: an integer is a float, a bool is no number,
+    a path is a string."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in args)
+    if typing.get_origin(hint) is tuple:
+        return isinstance(value, tuple) and len(value) == len(args) and all(map(_fits, value, args))
+    if isinstance(value, bool):
+        return hint is bool
+    return isinstance(value, {int: numbers.Integral, float: numbers.Real, str: (str, os.PathLike)}.get(hint, hint))
+
+
+def _describe(hint: Any) -> str:
+    """``hint`` in words: "an integer or null", "[a number, a number]"."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(map(_describe, args))
+    if typing.get_origin(hint) is tuple:
+        return f"[{', '.join(map(_describe, args))}]"
+    return TYPE_NAMES[hint]
 
 
 class TrainingTask(Protocol):
@@ -303,13 +333,19 @@ class Trainer:
         """Load the mean of the last ``n`` kept snapshots into the model and evaluate it; save it
         as ``averaged/`` if it is at least as good as ``best`` on ``best_metric``.
 
-        Returns the name of the checkpoint to use ("averaged" or "best") and the averaged metrics.
+        Returns the name of the checkpoint to use ("averaged" or "best") and the averaged metrics,
+        with "checkpoints": how many were averaged (fewer than ``n`` if the run evaluated fewer
+        times, which is also a warning).
         """
         snapshots = sorted(self.out_dir.glob("step-*"))[-n:]
         if not snapshots:
             raise ValueError(f"no step-* snapshots in {self.out_dir} to average (set keep_checkpoints)")
+        if len(snapshots) < n:
+            warnings.warn(f"average_last={n}: the run kept only {len(snapshots)} evaluated checkpoint(s), one per "
+                          f"evaluation (eval_every={self.config.eval_every}); averaging {len(snapshots)}",
+                          stacklevel=2)
         average_checkpoints(snapshots, self.model)
-        metrics = self.evaluate()
+        metrics = {"checkpoints": len(snapshots), **self.evaluate()}
         key = self.config.best_metric
         at_least_as_good = best is None or (
             metrics[key] >= best[key] if self.config.best_mode == "max" else metrics[key] <= best[key]
