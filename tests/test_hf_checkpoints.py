@@ -394,6 +394,35 @@ def test_marian_checks(marian, tmp_path: Path) -> None:
         load_marian(bad)
 
 
+def test_untied_marian_keeps_its_separate_embeddings(marian, tmp_path: Path) -> None:
+    """A shared vocabulary with tie_word_embeddings false: transformers keeps the encoder's, decoder's
+    and output matrices (and an unused model.shared) apart; they load apart, with the same logits."""
+    _, hf = marian
+    config = transformers.MarianConfig(**{**hf.config.to_dict(), "tie_word_embeddings": False})
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config).eval()
+    assert model.model.encoder.embed_tokens.weight is not model.model.decoder.embed_tokens.weight
+    perturb(model, 2)  # as fine-tuning would: every matrix its own
+    model.save_pretrained(tmp_path)
+    ours, special, _ = load_marian(tmp_path)
+    assert not ours.config.share_embeddings and not ours.config.tie_output
+    src, tgt = torch.tensor([[5, 6, 7, 8, 0]]), torch.tensor([[special["bos"], 9, 10, 11]])
+    with torch.no_grad():
+        diff = (model(input_ids=src, decoder_input_ids=tgt).logits - ours(src, tgt)).abs().max()
+    assert float(diff) < 1e-4
+
+
+def test_bert_decoders_are_refused(tmp_path: Path) -> None:
+    """is_decoder (BertLMHeadModel, RobertaForCausalLM) makes attention causal: not our encoder."""
+    transformers.BertModel(transformers.BertConfig(**BERT_SIZES, is_decoder=True)).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="config.json: is_decoder=true .causal self-attention. is not supported"):
+        load_bert_encoder(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "is_decoder": False, "add_cross_attention": True}))
+    with pytest.raises(CheckpointError, match="config.json: add_cross_attention=true .* is not supported"):
+        load_bert_encoder(tmp_path)
+
+
 ENCODER_FAMILIES = {
     "roberta": lambda: transformers.RobertaConfig(pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5,
                                                   max_position_embeddings=40, **BERT_SIZES),
@@ -454,8 +483,11 @@ def test_roberta_sentence_embeddings_with_its_tokenizer_json(tmp_path: Path) -> 
     with torch.no_grad():
         states = hf(**batch).last_hidden_state
     mask = batch.attention_mask[..., None].float()
-    expected = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
+    expected = (states * mask).sum(1) / mask.sum(1)  # a plain directory: mean pooling, not normalised
     assert float((ours.encode(texts) - expected).abs().max()) < 1e-5
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    reference = sentence_transformers.SentenceTransformer(str(tmp_path), device="cpu")  # (it says: mean pooling)
+    assert float((ours.encode(texts) - reference.encode(texts, convert_to_tensor=True)).abs().max()) < 1e-5
 
 
 @pytest.fixture(scope="module")

@@ -127,6 +127,46 @@ def test_similarity_ranks_paraphrase_above_unrelated(ours) -> None:
     assert close > 0.7 > 0.3 > far
 
 
+def sentence_modules():
+    try:  # sentence-transformers 6 (the old path warns there)
+        from sentence_transformers.sentence_transformer import modules
+    except ImportError:
+        from sentence_transformers import models as modules
+    return modules
+
+
+@pytest.mark.parametrize("layout", ["cls pooling", "re-saved", "plain directory"])
+def test_directories_sentence_transformers_writes_give_its_vectors(layout: str, tmp_path: Path) -> None:
+    """Pooling as written by sentence-transformers 5+ ("pooling_mode": "cls"), a re-saved model (its
+    256-token limit now in tokenizer_config.json only) and a plain Hugging Face directory (mean
+    pooling, no normalisation): sentence-transformers' own vectors, long texts included."""
+    m = sentence_modules()
+    if layout == "cls pooling":
+        model = sentence_transformers.SentenceTransformer(
+            modules=[m.Transformer(str(MODEL_DIR)), m.Pooling(384, pooling_mode="cls"), m.Normalize()], device="cpu")
+        model.save(str(tmp_path))
+    elif layout == "re-saved":
+        sentence_transformers.SentenceTransformer(str(MODEL_DIR), device="cpu").save(str(tmp_path))
+    else:
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+            shutil.copy(MODEL_DIR / name, tmp_path)
+    texts = SENTENCES[2:5] + SENTENCES[-3:]  # two of 256+ tokens
+    reference = sentence_transformers.SentenceTransformer(str(tmp_path), device="cpu")
+    expected = reference.encode(texts, convert_to_tensor=True)
+    assert (SentenceEncoder.from_pretrained(tmp_path).encode(texts) - expected).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["dense", "mean and max"])
+def test_modules_we_do_not_compute_are_refused(layout: str, tmp_path: Path) -> None:
+    m = sentence_modules()
+    extra = [m.Pooling(384), m.Dense(384, 384)] if layout == "dense" else [m.Pooling(384, pooling_mode=("mean", "max"))]
+    sentence_transformers.SentenceTransformer(modules=[m.Transformer(str(MODEL_DIR)), *extra, m.Normalize()],
+                                              device="cpu").save(str(tmp_path))
+    message = "modules .*Dense.* are not supported" if layout == "dense" else r"pooling \['mean', 'max'\] is not supported"
+    with pytest.raises(CheckpointError, match=message):
+        SentenceEncoder.from_pretrained(tmp_path)
+
+
 # --- broken checkpoints --------------------------------------------------------------------
 
 @pytest.fixture()

@@ -23,13 +23,15 @@ class CheckpointError(ValueError):
     """A checkpoint that does not fit the model: lists every missing, unexpected or mis-shaped tensor."""
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path, expected: type = dict) -> Any:
+    """A JSON file holding an object (or a list, ``expected=list``); anything else is a CheckpointError."""
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if not isinstance(data, expected):
+        raise CheckpointError(f"{path}: expected a JSON {'object' if expected is dict else 'list'}, "
+                              f"got {type(data).__name__}")
     return data
 
 

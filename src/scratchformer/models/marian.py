@@ -28,6 +28,7 @@ exported network computes the same function (up to float rounding).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,10 @@ def map_marian_weights(hf_state: dict[str, Tensor], config: TransformerConfig) -
         layer = _LAYER.fullmatch(name)
         if layer and layer[3] in _LAYERS[layer[1]]:
             ours[f"{layer[1]}.layers.{layer[2]}.{_LAYERS[layer[1]][layer[3]]}.{layer[4]}"] = tensor
-        elif name in ("model.shared.weight", "model.encoder.embed_tokens.weight"):
+        elif name == "model.shared.weight":  # untied, transformers saves it beside the two it never reads
+            if "model.encoder.embed_tokens.weight" not in hf_state:
+                ours["src_embed.weight"] = tensor
+        elif name == "model.encoder.embed_tokens.weight":
             ours["src_embed.weight"] = tensor
         elif name == "model.decoder.embed_tokens.weight":
             ours["tgt_embed.weight"] = tensor
@@ -134,10 +138,22 @@ def load_marian(directory: str | Path) -> tuple[Transformer, dict[str, int], dic
     directory = Path(directory)
     hf_config, hf_state = read_weights(directory)
     config, special = marian_config(hf_config)
+    config = _sharing_as_saved(config, hf_state)
     state, unexpected = map_marian_weights(hf_state, config)
     model = Transformer(config)
     fit_state(model, state, unexpected, directory / "model.safetensors")
     return model.eval(), special, _decoding(directory, hf_config, config)
+
+
+def _sharing_as_saved(config: TransformerConfig, hf_state: dict[str, Tensor]) -> TransformerConfig:
+    """Share (and tie) only the embedding matrices saved equal: with ``tie_word_embeddings: false``
+    transformers keeps the encoder's, the decoder's and the output's apart, whatever
+    ``share_encoder_decoder_embeddings`` says, and fine-tuning makes them differ."""
+    source, target, output = (hf_state.get(name) for name in (
+        "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"))
+    share = config.share_embeddings and (source is None or target is None or torch.equal(source, target))
+    tie = config.tie_output and (target is None or output is None or torch.equal(target, output))
+    return dataclasses.replace(config, share_embeddings=share, tie_output=tie)
 
 
 def _halves_order(d_model: int) -> Tensor:

@@ -143,6 +143,9 @@ def bert_config(hf_config: dict[str, Any], pooler: bool = True) -> EncoderConfig
         raise CheckpointError(f"config.json: {act_field} {act!r} is not supported (supported: {_ACTIVATIONS})")
     if hf_config.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError("config.json: only position_embedding_type 'absolute' is supported")
+    for field, meaning in (("is_decoder", "causal self-attention"), ("add_cross_attention", "cross-attention")):
+        if hf_config.get(field):  # an encoder that attends both ways would give other numbers, silently
+            raise CheckpointError(f"config.json: {field}=true ({meaning}) is not supported: ours is an encoder")
     names = (("dim", "n_heads", "n_layers", "hidden_dim", "dropout", "attention_dropout") if distil else
              ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "hidden_dropout_prob",
               "attention_probs_dropout_prob"))

@@ -1,9 +1,9 @@
 """Sentence embeddings from a BERT-family checkpoint, as sentence-transformers computes them:
-our encoder, mean (or [CLS]) pooling over real tokens, L2 normalisation."""
+our encoder, mean (or [CLS]) pooling over real tokens, L2 normalisation if the directory's
+modules.json lists it (a plain Hugging Face directory: mean pooling, not normalised)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,29 +20,52 @@ from scratchformer.models.pretrained import CheckpointError, load_bert_encoder, 
 __all__ = ["SentenceEncoder"]
 
 
-def _sentence_settings(directory: Path, encoder: ContextualEncoder) -> tuple[int, str, bool]:
-    """(max tokens, pooling mode, normalize) as sentence-transformers would use them."""
-    max_length = encoder.config.max_len
-    sbert = directory / "sentence_bert_config.json"
-    if sbert.is_file():
-        max_length = min(max_length, int(read_json(sbert).get("max_seq_length", max_length)))
-    mode, normalize = "mean", True
-    pooling = directory / "1_Pooling" / "config.json"
-    if pooling.is_file():
-        cfg = read_json(pooling)
-        if cfg.get("pooling_mode_cls_token"):
-            mode = "cls"
-        elif not cfg.get("pooling_mode_mean_tokens", True):
-            raise CheckpointError(f"{pooling}: only mean or CLS pooling is supported")
-    modules = directory / "modules.json"
-    if modules.is_file():
-        normalize = any(m.get("type", "").endswith("Normalize") for m in json.loads(modules.read_text()))
-    return max_length, mode, normalize
+def _modules(directory: Path) -> dict[str, Path | None]:
+    """The sentence-transformers modules of ``directory`` (kind -> folder), from modules.json; without
+    one, a plain Hugging Face directory, which sentence-transformers mean-pools and does not
+    normalise. Any other module (Dense, ...) would change the vectors: a CheckpointError."""
+    path = directory / "modules.json"
+    if not path.is_file():
+        return {"Transformer": directory, "Pooling": None}
+    listing = read_json(path, list)
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else "?" for module in listing]
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        raise CheckpointError(f"{path}: modules {kinds} are not supported (Transformer, Pooling, optionally Normalize)")
+    return {kind: directory / module.get("path", "") for kind, module in zip(kinds, listing)}
+
+
+def _pooling_mode(folder: Path | None) -> str:
+    """"mean" or "cls" from a Pooling module's config.json: ``pooling_mode`` (a name or a list;
+    sentence-transformers 5 on) or the older ``pooling_mode_*`` flags; no config: mean."""
+    path = folder / "config.json" if folder is not None else None
+    cfg = read_json(path) if path is not None and path.is_file() else {}
+    if "pooling_mode" in cfg:
+        modes = cfg["pooling_mode"]
+    elif any(key.startswith("pooling_mode_") for key in cfg):
+        modes = [key.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+                 for key, on in cfg.items() if key.startswith("pooling_mode_") and on is True]
+    else:
+        modes = ["mean"]
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if modes not in (["mean"], ["cls"]):  # several modes are concatenated: a longer vector than ours
+        raise CheckpointError(f"{path}: pooling {modes} is not supported (one of 'mean', 'cls')")
+    return modes[0]
+
+
+def _max_length(folder: Path, encoder: ContextualEncoder) -> int:
+    """Tokens per text as sentence-transformers takes them: sentence_bert_config.json's
+    ``max_seq_length``, else tokenizer_config.json's ``model_max_length``, within the positions."""
+    limit = None
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        if limit is None and (folder / name).is_file():
+            limit = read_json(folder / name).get(key)
+    return min(encoder.config.max_len, int(limit)) if limit is not None else encoder.config.max_len
 
 
 class SentenceEncoder:
-    """Sentence embeddings: our encoder, then mean pooling over real tokens, then L2 normalisation
-    (what sentence-transformers computes for all-MiniLM-L6-v2). The encoder is switched to the
+    """Sentence embeddings: our encoder, then mean (or [CLS]) pooling over real tokens, then L2
+    normalisation (what sentence-transformers computes for all-MiniLM-L6-v2; ``from_pretrained``
+    reads them from the directory as sentence-transformers does). The encoder is switched to the
     fast paths in place (``optimize(encoder, skip_padding=True)``): pooling reads real tokens only.
 
     Example:
@@ -67,11 +90,12 @@ class SentenceEncoder:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: torch.device | str = "cpu") -> SentenceEncoder:
-        directory = Path(directory)
-        encoder = load_bert_encoder(directory)
-        max_length, mode, normalize = _sentence_settings(directory, encoder)
-        tokenizer = TextTokenizer.from_file(require_file(directory / "tokenizer.json", "tokenizer.json"), max_length)
-        return cls(encoder, tokenizer, mode, normalize, device)
+        modules = _modules(Path(directory))
+        folder = modules["Transformer"]
+        encoder = load_bert_encoder(folder)
+        tokenizer = TextTokenizer.from_file(require_file(folder / "tokenizer.json", "tokenizer.json"),
+                                            _max_length(folder, encoder))
+        return cls(encoder, tokenizer, _pooling_mode(modules["Pooling"]), "Normalize" in modules, device)
 
     @property
     def dim(self) -> int:
