@@ -455,6 +455,11 @@ def test_encoder_families_equal_transformers(family, dtype, tolerance, tmp_path:
     if family != "distilbert":
         assert ours.config.max_len == 40 - pad - 1  # positions counted from padding_idx + 1
         assert float((ours.pool(last) - ref.pooler_output).detach().abs().max()) < tolerance
+    order = torch.argsort(mask, dim=1, stable=True)  # the same rows, padded on the left
+    tokens, mask = tokens.gather(1, order), mask.gather(1, order)
+    with torch.no_grad():  # RoBERTa and XLM-R count real tokens, BERT-style DistilBERT columns: as theirs
+        assert max_diff_where(ours(tokens, mask), hf(input_ids=tokens, attention_mask=mask).last_hidden_state,
+                              mask) < tolerance
 
 
 def test_roberta_sentence_embeddings_with_its_tokenizer_json(tmp_path: Path) -> None:

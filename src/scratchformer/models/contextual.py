@@ -30,6 +30,8 @@ class EncoderConfig(ModelConfig):
         type_vocab_size: number of token types (segments); 0 = no token-type embedding.
         embedding_norm: LayerNorm on the summed embeddings (BERT).
         pooler: BERT's pooler, tanh(W h_[CLS] + b).
+        positions_skip_padding: a token's position counts the real tokens before it, not the
+            columns (RoBERTa, XLM-R), so left padding shifts nothing; learned positions only.
     """
 
     VOCABS = ("vocab_size",)
@@ -47,6 +49,12 @@ class EncoderConfig(ModelConfig):
     type_vocab_size: int = 0
     embedding_norm: bool = False
     pooler: bool = False
+    positions_skip_padding: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.positions_skip_padding and self.positional != "learned":
+            raise ValueError("positions_skip_padding needs positional='learned' (RoBERTa's table)")
 
 
 class EncoderEmbedding(nn.Module):
@@ -61,14 +69,20 @@ class EncoderEmbedding(nn.Module):
             nn.init.normal_(self.token_type.weight, std=0.02)
         self.norm = LayerNorm(c.d_model, c.layer_norm_eps) if c.embedding_norm else None
         self.dropout = nn.Dropout(c.dropout)
+        self.skip_padding = c.positions_skip_padding
 
-    def forward(self, tokens: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """tokens (B, L); token_type_ids (B, L) segment ids (default all 0) -> (B, L, D)."""
+    def forward(self, tokens: Tensor, token_type_ids: Tensor | None = None, padding_mask: Tensor | None = None
+                ) -> Tensor:
+        """tokens (B, L); token_type_ids (B, L) segment ids (default all 0); padding_mask (B, L), True
+        at real tokens (read with ``positions_skip_padding`` only) -> (B, L, D)."""
         x = self.token(tokens)
         if self.token_type is not None:
             types = torch.zeros_like(tokens) if token_type_ids is None else token_type_ids
             x = x + self.token_type(types)
-        x = self.position(x)
+        if self.skip_padding and padding_mask is not None:  # RoBERTa: the real tokens before, counted
+            x = x + self.position.weight[(padding_mask.long().cumsum(1) - 1).clamp(min=0)].to(x.dtype)
+        else:
+            x = self.position(x)
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)
@@ -121,7 +135,7 @@ class ContextualEncoder(nn.Module):
                     f"token_type_ids: expected the shape of tokens (B, L)={tuple(tokens.shape)}, "
                     f"got {tuple(token_type_ids.shape)}"
                 )
-        x = self.embeddings(tokens, token_type_ids)
+        x = self.embeddings(tokens, token_type_ids, padding_mask)
         return self.encoder(x, key_padding_mask=padding_mask, output_hidden_states=output_hidden_states)
 
     def pool(self, hidden: Tensor) -> Tensor:

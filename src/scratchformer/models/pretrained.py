@@ -21,8 +21,8 @@ their names are mapped onto ours by the tables below: no ``transformers`` import
     pooler.dense                                (none)                            pooler
 
 RoBERTa and XLM-R number positions from ``padding_idx + 1`` (the rows before are never used by real
-tokens), so our table is theirs from that row on: equal for right-padded batches, which is what
-our tokenizers make. Task heads of a checkpoint (``cls.``, ``lm_head.``, ``classifier.``, ...) are
+tokens), so our table is theirs from that row on, and they count only real tokens
+(``positions_skip_padding``), so a left-padded batch gives what it gives in transformers. Task heads of a checkpoint (``cls.``, ``lm_head.``, ``classifier.``, ...) are
 left out.
 """
 
@@ -158,7 +158,7 @@ def bert_config(hf_config: dict[str, Any], pooler: bool = True) -> EncoderConfig
             max_len=hf_config.get("max_position_embeddings", 512) - _position_offset(hf_config),
             positional="learned", type_vocab_size=0 if distil else hf_config.get("type_vocab_size", 2),
             embedding_norm=True, scale_embedding=False, pad_id=hf_config.get("pad_token_id", 0),
-            pooler=pooler and not distil,
+            pooler=pooler and not distil, positions_skip_padding=_position_offset(hf_config) > 0,
         )
     except KeyError as e:
         raise CheckpointError(f"config.json: missing required field {e.args[0]!r}") from e
@@ -203,6 +203,7 @@ def bert_problems(c: EncoderConfig) -> list[str]:
         (c.has_final_norm(c.num_layers), "final_norm=True (BERT has no LayerNorm after the stack)"),
         (not c.embedding_norm, "embedding_norm=False (BERT normalises its embeddings)"),
         (not c.bias, "bias=False (BERT's linear maps have biases)"),
+        (c.positions_skip_padding, "positions_skip_padding=True (RoBERTa's positions; BERT counts columns)"),
     ) if bad]
 
 
