@@ -21,9 +21,9 @@ their names are mapped onto ours by the tables below: no ``transformers`` import
     pooler.dense                                (none)                            pooler
 
 RoBERTa and XLM-R number positions from ``padding_idx + 1`` (the rows before are never used by real
-tokens), so our table is theirs from that row on, and they count only real tokens
-(``positions_skip_padding``), so a left-padded batch gives what it gives in transformers. Task heads of a checkpoint (``cls.``, ``lm_head.``, ``classifier.``, ...) are
-left out.
+tokens), so our table is theirs from that row on; they count real tokens only
+(``positions_skip_padding``), so a left-padded batch gives what it gives in transformers. Task
+heads of a checkpoint (``cls.``, ``lm_head.``, ``classifier.``, ...) are left out.
 """
 
 from __future__ import annotations
