@@ -17,6 +17,7 @@ from scratchformer.data.tokenization import train_bpe
 from scratchformer.training import TrainConfig
 from scratchformer.tasks.translation import (
     TranslationRecipe,
+    Translator,
     bleu_and_chrf,
     label_smoothed_loss,
     load_translator,
@@ -87,6 +88,15 @@ def test_cli_translate_evaluate_attention(tmp_path: Path, capsys, monkeypatch) -
                  "--reference", recipe.test_target, "--device", "cpu", "--json"]) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["bleu"] > 90 and scores["chrf"] > 90 and scores["n"] == 40
+    padded = tmp_path / "padded.de"  # spaces and \r around each line: read as the test set is read, stripped
+    padded.write_text("".join(f"  {line}\r\n" for line in load_parallel_texts(recipe.test_source, recipe.test_target).sources))
+    evaluate, seen = Translator.evaluate, []
+    monkeypatch.setattr(Translator, "evaluate", lambda self, sources, *a, **k: seen.append(sources) or evaluate(
+        self, sources, *a, **k))
+    assert main(["evaluate", "--checkpoint", checkpoint, "--source", str(padded), "--reference", recipe.test_target,
+                 "--device", "cpu", "--json"]) == 0
+    assert seen == [load_parallel_texts(recipe.test_source, recipe.test_target).sources]
+    assert json.loads(capsys.readouterr().out)["bleu"] == scores["bleu"]
 
     assert main(["attention", "--checkpoint", checkpoint, "Ein rot hund läuft.", "--out", str(tmp_path / "att")]) == 0
     pngs = sorted(p.name for p in (tmp_path / "att").glob("*.png"))
@@ -134,6 +144,24 @@ def test_bpe_round_trips_text() -> None:
     for text in texts[:2] + ["Unbekannte Wörter: Straßenbahn, Ärger."]:
         assert tokenizer.decode(tokenizer.encode(text).ids) == text
     assert [tokenizer.token_to_id(t) for t in ("<pad>", "<s>", "</s>", "<unk>")] == [0, 1, 2, 3]
+
+
+def test_special_tokens_written_in_a_text_are_text() -> None:
+    """"</s>" typed in a sentence must not end it (EOS), nor "<pad>" vanish as padding."""
+    from scratchformer.tasks.translation import _encode
+
+    tokenizer = train_bpe(["The tag ends a line and starts one."] * 20, vocab_size=200)
+    text = "The tag </s> ends a line, <s> starts one, <pad> and <unk> too."
+    ids = _encode(tokenizer, [text])[0]
+    assert not {0, 1, 2, 3} & set(ids) and tokenizer.decode(ids) == text
+
+
+def test_streamed_lines_are_stripped_as_training_reads_them() -> None:
+    """Byte-level BPE sees a leading space or a \\r as input: read as load_parallel_texts reads files."""
+    from scratchformer.tasks.translation import read_lines
+
+    assert list(read_lines(iter([" Ein Hund.\r\n", "Zwei Katzen. \n", "Ein Mann."]), 2)) == [
+        ["Ein Hund.", "Zwei Katzen."], ["Ein Mann."]]
 
 
 def test_committed_recipe_is_valid() -> None:

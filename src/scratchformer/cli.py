@@ -413,10 +413,10 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
 
     if not (args.source and args.reference):
         raise SystemExit("error: --source FILE and --reference FILE are required to evaluate a translation model")
-    with open_text(args.source) as f:
-        sources = [line.rstrip("\n") for line in f]
+    with open_text(args.source) as f:  # lines as training and the recipe's test read them (strip)
+        sources = [line.strip() for line in f]
     with open_text(args.reference) as f:
-        references = [line.rstrip("\n") for line in f]
+        references = [line.strip() for line in f]
     if len(sources) != len(references):
         raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
     translator = load_translator(args.checkpoint, device=args.device)

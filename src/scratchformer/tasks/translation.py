@@ -64,7 +64,11 @@ def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
 
 
 def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids without special tokens (an exported tokenizer.json appends EOS for transformers; we add it)."""
+    """Token ids without special tokens (an exported tokenizer.json appends EOS for transformers; we add it).
+    Our BPE reads "</s>" or "<pad>" written in a text as text, not as the control ids (a Marian
+    tokenizer keeps transformers' behaviour)."""
+    if isinstance(tokenizer, Tokenizer):
+        tokenizer.encode_special_tokens = True  # (a runtime setting: tokenizer.json does not store it)
     return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
@@ -371,7 +375,7 @@ def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:
     """Group a stream of lines into lists of ``chunk`` (for streaming translation)."""
     batch: list[str] = []
     for line in stream:
-        batch.append(line.rstrip("\n"))
+        batch.append(line.strip())  # as the training and test files are read (load_parallel_texts)
         if len(batch) == chunk:
             yield batch
             batch = []
