@@ -14,6 +14,7 @@ from scratchformer import CaptioningConfig, CaptioningTransformer, PatchEmbeddin
 from scratchformer.data.captions import (
     CaptionExamples,
     Vocabulary,
+    caption_words,
     load_caption_folder,
     load_cs231n_captions,
     save_caption_folder,
@@ -239,6 +240,30 @@ def test_vocabulary_round_trip_and_unknown_words() -> None:
     ids = vocab.encode("a zebra runs")
     assert ids[1] == vocab.unk_id and vocab.decode(ids + [vocab.end_id, 5]) == "a <UNK> runs"
     assert Vocabulary.from_json(json.loads(json.dumps(vocab.to_json()))).words == vocab.words
+
+
+def test_unk_is_one_token_ids_text_ids_round_trip_and_scoring() -> None:
+    """<UNK> as decode writes it (cs231n's references are rebuilt as text and encoded again) is one
+    token, encoded back to the unknown id, and one token when scored, as COCO's PTB tokenizer keeps it."""
+    from pycocoevalcap.bleu.bleu import Bleu
+
+    vocab = _vocab()
+    ids = vocab.encode("a dog runs")
+    ids.insert(1, vocab.unk_id)
+    assert vocab.encode(vocab.decode(ids)) == ids and vocab.encode("A <unk> dog") == ids[:3]
+    assert tokenize_caption("a <UNK>, dog") == ["a", "<unk>", ",", "dog"]
+    assert caption_words("the <Unk>.") == ["the", "<unk>"]
+    assert "<unk>" not in Vocabulary.build(["a <UNK> dog"]).words
+    hyps = ["a man in a <UNK> shirt is riding a bike", "a dog runs on the <UNK>"]
+    refs = [["a man in a striped shirt is riding a bike .", "a man rides a bicycle ."],
+            ["a dog runs on the beach .", "a brown dog running on sand ."]]
+    ptb_res = {0: ["a man in a <unk> shirt is riding a bike"], 1: ["a dog runs on the <unk>"]}  # PTB's output
+    ptb_gts = {0: ["a man in a striped shirt is riding a bike", "a man rides a bicycle"],
+               1: ["a dog runs on the beach", "a brown dog running on sand"]}
+    bleu, _ = Bleu(4).compute_score(ptb_gts, ptb_res, verbose=0)
+    scores = caption_scores(hyps, refs)
+    assert [scores[f"bleu{n}"] for n in range(1, 5)] == pytest.approx([100 * b for b in bleu])
+    assert scores["bleu1"] == pytest.approx(87.5)  # 70.0 with <UNK> split into < unk >
 
 
 def test_caption_scores_are_pycocoevalcap_against_every_reference() -> None:

@@ -159,6 +159,30 @@ def test_feature_files_are_resumable_and_never_mix_encoders(tmp_path: Path) -> N
         load_image_features(tmp_path / "junk.safetensors")
 
 
+def test_feature_files_refuse_another_image_folder_or_a_changed_photo(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for folder in ("a", "b"):  # the same file names, other pictures
+        (tmp_path / folder).mkdir()
+        write_photo(tmp_path / folder / "x.jpg", (64, 48), ord(folder))
+    out = tmp_path / "features.safetensors"
+    first = extract_image_features(tmp_path / "a", out, CountingEncoder(), progress=False)
+    with pytest.raises(ValueError, match=r"features of the photos in .*/a, not .*/b; .* another output file"):
+        extract_image_features(tmp_path / "b", out, CountingEncoder(), progress=False)
+    os.utime(tmp_path / "a" / "x.jpg", ns=(0, 123))  # the photo replaced (or touched)
+    with pytest.raises(ValueError, match=r"1 photos changed .* \(first: \['x.jpg'\]\); delete .*features"):
+        extract_image_features(tmp_path / "a", out, CountingEncoder(), progress=False)
+    # a file from before photos were recorded still loads and is reused as it is
+    with safe_open(str(out), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    del meta["photos"]
+    save_file(tensors, str(out), metadata=meta)
+    old = CountingEncoder()
+    again = extract_image_features(tmp_path / "b", out, old, progress=False)
+    assert old.seen == 0 and torch.equal(again.pooled, first.pooled)
+
+
 def test_feature_files_reach_the_disk_before_the_rename_and_before_the_chunks_go(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each file is flushed (fsync) under its temporary name, then renamed; the chunks are deleted

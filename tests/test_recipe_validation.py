@@ -5,6 +5,7 @@ honest report of what was averaged)."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,9 @@ def test_train_fields_have_their_types(train: dict, message: str) -> None:
 def test_train_fields_of_the_right_kind_are_accepted() -> None:
     config = TrainConfig(lr=1, grad_clip=None, max_steps=None, betas=[0.9, 0.98], seed=np.int64(-3), weight_decay=np.float32(0))
     assert config.betas == (0.9, 0.98) and config.lr == 1
+    assert json.loads(json.dumps(asdict(config)))["seed"] == -3  # numpy numbers become Python's: saved in config.json
     assert TrainConfig(max_steps=np.int64(5), epochs=2, threads=0).max_steps == 5
-    assert TrainConfig(out_dir=Path("runs/x")).out_dir == Path("runs/x")  # the API takes paths as paths
+    assert TrainConfig(out_dir=Path("runs/x")).out_dir == "runs/x"  # the API takes paths (kept as strings: JSON)
 
 
 def test_a_fractional_epochs_in_a_recipe_stops_the_cli_before_any_work(tmp_path: Path, capsys) -> None:

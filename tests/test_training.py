@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from scratchformer.training import TrainConfig, Trainer, load_training_state, load_weights, lr_multiplier
 from scratchformer.training import checkpoint as checkpoint_module
@@ -223,3 +224,65 @@ def test_deterministic_mode_trains_and_restores_the_global_setting(tmp_path: Pat
     before = torch.are_deterministic_algorithms_enabled()
     result = Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=1, deterministic=True)).fit()
     assert result.step == 4 and torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_resume_refuses_another_model_or_training_settings(tmp_path: Path) -> None:
+    Trainer(toy_model(), ToyTask(), toy_config(tmp_path, max_steps=4)).fit()
+    saved = (tmp_path / "last" / "config.json").read_text()
+    for change, message in [
+        ({"lr": 0.01}, r"last was saved with lr=0.003; this run has lr=0.01: --resume continues a run"),
+        ({"seed": 8, "grad_accum": 1}, r"saved with seed=7, grad_accum=2; this run has seed=8, grad_accum=1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            Trainer(toy_model(), ToyTask(), toy_config(tmp_path, max_steps=8, **change)).fit(resume=True)
+    assert (tmp_path / "last" / "config.json").read_text() == saved  # nothing loaded, nothing rewritten
+    assert load_training_state(tmp_path / "last")["step"] == 4
+
+
+def test_resume_refuses_a_changed_model_setting(tmp_path: Path) -> None:
+    class Heads(ToyTask):
+        def __init__(self, heads: int):
+            super().__init__()
+            self.heads = heads
+
+        def checkpoint_config(self):
+            return {"kind": "toy", "model": {"encoder": {"num_heads": self.heads}}}
+
+    Trainer(toy_model(), Heads(2), toy_config(tmp_path, max_steps=4)).fit()
+    with pytest.raises(ValueError, match=r"saved with model.encoder.num_heads=2, lr=0.003; "
+                                         r"this run has model.encoder.num_heads=4, lr=0.01"):
+        Trainer(toy_model(), Heads(4), toy_config(tmp_path, max_steps=8, lr=0.01)).fit(resume=True)
+
+
+def test_resume_may_change_the_length_device_and_logging(tmp_path: Path) -> None:
+    Trainer(toy_model(), ToyTask(), toy_config(tmp_path, max_steps=4)).fit()
+    result = Trainer(toy_model(), ToyTask(), toy_config(  # out_dir as a path now
+        tmp_path, out_dir=tmp_path, max_steps=10, epochs=9, device="cpu", log_every=2, save_every=5)).fit(resume=True)
+    assert result.step == 10 and len(result.losses) == 6
+
+
+def test_the_logged_lr_is_the_one_each_step_used(tmp_path: Path) -> None:
+    stepped: list[float] = []  # the lr of every optimizer step, as the optimizer applies it
+    hook = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: stepped.append(optimizer.param_groups[0]["lr"]))
+    try:
+        Trainer(toy_model(), ToyTask(), toy_config(tmp_path, schedule="linear", warmup_steps=4, lr=0.01)).fit()
+    finally:
+        hook.remove()
+    logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    multiplier = lr_multiplier("linear", 4, 12)  # 3 epochs of 4 steps
+    assert logged == stepped == pytest.approx([0.01 * multiplier(s - 1) for s in range(1, 13)])
+    assert logged[:4] == pytest.approx([0.0025, 0.005, 0.0075, 0.01])
+
+
+def test_epochs_are_whole_passes_when_the_batch_count_varies(tmp_path: Path) -> None:
+    class TokenBudget(ToyTask):  # token-budget batching: epochs of 8, 6 and 8 batches
+        def batches(self, epoch, seed):
+            return super().batches(epoch, seed)[: 6 if epoch == 1 else 8]
+
+    result = Trainer(toy_model(), TokenBudget(), toy_config(tmp_path, epochs=2, grad_accum=1)).fit()
+    assert result.step == 14
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if "loss" in r][-1] == 2  # (epochs counted after the step: 2 done)
+    assert load_training_state(tmp_path / "last")["epoch"] == 2

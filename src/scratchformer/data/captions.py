@@ -34,22 +34,24 @@ NULL, START, END, UNK = "<NULL>", "<START>", "<END>", "<UNK>"  # ids 0, 1, 2, 3,
 
 
 def tokenize_caption(text: str) -> list[str]:
-    """Lower-case words, punctuation as separate tokens, hyphenated words whole (as the metrics'
-    :func:`caption_words` and COCO's PTB tokenizer keep them): "A dog, in a T-shirt." -> a dog , in a t-shirt ."""
-    return re.findall(r"[a-z0-9']+(?:-[a-z0-9']+)*|[^\sa-z0-9']", text.lower())
+    """Lower-case words, punctuation as separate tokens, hyphenated words and ``<unk>`` whole (as the
+    metrics' :func:`caption_words` and COCO's PTB tokenizer keep them):
+    "A dog, in a T-shirt." -> a dog , in a t-shirt ."""
+    return re.findall(r"<unk>|[a-z0-9']+(?:-[a-z0-9']+)*|[^\sa-z0-9']", text.lower())
 
 
 # The punctuation tokens COCO's evaluation removes after tokenising (pycocoevalcap's PTBTokenizer),
 # with the characters that its tokenizer turns into removed tokens (" -> `` or '', ( -> -LRB-, ...).
 PTB_PUNCTUATION = frozenset(["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":",
                              "-", "--", "...", ";", '"', "(", ")", "[", "]", "{", "}"])
-_WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*|[^\sa-z0-9]")
+_WORD = re.compile(r"<unk>|[a-z0-9]+(?:[-'][a-z0-9]+)*|[^\sa-z0-9]")
 
 
 def caption_words(text: str) -> list[str]:
     """The words captioning metrics compare, COCO's evaluation without its Java tokenizer: lower case,
-    punctuation split off and the PTB punctuation tokens removed; hyphenated words and words with an
-    apostrophe stay whole. "A dog, running." -> a dog running; "T-shirt" -> t-shirt."""
+    punctuation split off and the PTB punctuation tokens removed; hyphenated words, words with an
+    apostrophe and ``<unk>`` (the vocabulary's unknown word, one token to PTB too) stay whole.
+    "A dog, running." -> a dog running; "T-shirt" -> t-shirt."""
     return [w for w in _WORD.findall(text.lower()) if w not in PTB_PUNCTUATION]
 
 
@@ -102,14 +104,16 @@ class Vocabulary:
     def build(cls, captions: Iterable[str], min_count: int = 1) -> Vocabulary:
         """Every word seen at least ``min_count`` times, most frequent first (ties: alphabetical)."""
         counts = Counter(w for c in captions for w in tokenize_caption(c))
-        kept = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
+        kept = sorted((w for w, n in counts.items() if n >= min_count and w != UNK.lower()),
+                      key=lambda w: (-counts[w], w))
         return cls([NULL, START, END, UNK] + kept)
 
     def __len__(self) -> int:
         return len(self.words)
 
     def encode(self, caption: str) -> list[int]:
-        """Word ids of ``caption`` (no <START>/<END>); unknown words become <UNK>."""
+        """Word ids of ``caption`` (no <START>/<END>); unknown words, and <UNK> written in the text
+        (as :meth:`decode` writes it), become <UNK>."""
         return [self.index.get(w, self.unk_id) for w in tokenize_caption(caption)]
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -3,12 +3,14 @@
     regions  (N, R, D_img) float16   e.g. R = 49 (7 x 7) regions of D_img = 1280 for EfficientNet-Lite0
     pooled   (N, D_img)    float16   the regions' mean
     metadata: the format, the image names (JSON), and what made them: encoder, weights,
-              preprocessing, layer (the encoder's ``description``)
+              preprocessing, layer (the encoder's ``description``); and the photos they came from:
+              the resolved image folder and each photo's (size, mtime_ns)
 
 :func:`extract_image_features` runs an encoder over a folder of photographs in batches with a progress
 bar. It is resumable: finished chunks are kept beside the output (``FILE.parts/``) until the file is
 written, and images already in FILE are skipped, so a killed run or a folder that grew costs only the
-new images. Features made by another encoder or preprocessing are refused, never mixed.
+new images. Features made by another encoder or preprocessing, or from another image folder or a
+photo changed since, are refused, never mixed (files written before photos were recorded are trusted).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +62,8 @@ class ImageFeatures:
     regions: Tensor
     pooled: Tensor
     description: dict[str, str]
+    image_dir: str | None = None  # the resolved folder of the photos, where known
+    stamps: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, mtime_ns], where known
 
     def __post_init__(self) -> None:
         if not (len(self.names) == len(self.regions) == len(self.pooled)):
@@ -87,6 +91,23 @@ def check_same_encoder(found: dict[str, str], expected: dict[str, str], where: s
                          "features from different encoders are never mixed: use another output file")
 
 
+def photo_stamp(path: Path) -> list[int]:
+    """[size in bytes, modification time in ns] of a photo: what tells that it changed."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def check_same_photos(found: ImageFeatures, folder: Path, stamps: dict[str, list[int]], where: str) -> None:
+    """Refuse features of another image folder, or of photos (in ``stamps``) changed since they were made."""
+    if found.image_dir is not None and found.image_dir != str(folder.resolve()):
+        raise ValueError(f"{where}: features of the photos in {found.image_dir}, not {folder.resolve()}; "
+                         "features of different image folders are never mixed: use another output file")
+    changed = [n for n, stamp in stamps.items() if found.stamps.get(n, stamp) != stamp]
+    if changed:
+        raise ValueError(f"{where}: {len(changed)} photos changed (size or modification time) since their "
+                         f"features were made (first: {changed[:3]}); delete {where} to extract them again")
+
+
 def load_image_features(path: str | Path) -> ImageFeatures:
     """Read a features file (see the module docstring); errors name the file."""
     from safetensors import SafetensorError, safe_open
@@ -97,7 +118,9 @@ def load_image_features(path: str | Path) -> ImageFeatures:
             if meta.get("format") != FORMAT:
                 raise ValueError(f"not a scratchformer image-features file (format {meta.get('format')!r})")
             regions, pooled = f.get_tensor("regions"), f.get_tensor("pooled")
-        return ImageFeatures(json.loads(meta["names"]), regions, pooled, json.loads(meta["description"]))
+        photos = json.loads(meta.get("photos", '{"folder": null, "stamps": {}}'))  # absent in older files
+        return ImageFeatures(json.loads(meta["names"]), regions, pooled, json.loads(meta["description"]),
+                             photos["folder"], photos["stamps"])
     except (OSError, SafetensorError, KeyError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path}: cannot read image features ({type(e).__name__}: {e})") from None
 
@@ -111,7 +134,9 @@ def save_image_features(path: str | Path, features: ImageFeatures) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers never share a temporary
-    meta = {"format": FORMAT, "names": json.dumps(features.names), "description": json.dumps(features.description)}
+    meta = {"format": FORMAT, "names": json.dumps(features.names),
+            "description": json.dumps(features.description),
+            "photos": json.dumps({"folder": features.image_dir, "stamps": features.stamps})}
     save_file({"regions": features.regions.half().contiguous(), "pooled": features.pooled.half().contiguous()},
               str(tmp), metadata=meta)
     with open(tmp, "rb") as f:
@@ -146,14 +171,17 @@ def extract_image_features(folder: str | Path, out: str | Path,
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise FileNotFoundError(f"{len(missing)} images not found in {folder} (first: {missing[:3]})")
+    stamps, image_dir = {n: photo_stamp(folder / n) for n in names}, str(folder.resolve())
     parts_dir = out.with_name(out.name + ".parts")
     done: list[ImageFeatures] = []
     if out.exists():
         done.append(load_image_features(out))
         check_same_encoder(done[0].description, description, str(out))
+        check_same_photos(done[0], folder, stamps, str(out))
     for part in sorted(parts_dir.glob("*.safetensors")) if parts_dir.is_dir() else []:
         done.append(load_image_features(part))
         check_same_encoder(done[-1].description, description, str(part))
+        check_same_photos(done[-1], folder, stamps, str(part))
     seen = {n for f in done for n in f.names}
     todo = [n for n in names if n not in seen]
     with tqdm(total=len(todo), desc="image features", unit="img", disable=not progress) as bar:
@@ -167,7 +195,8 @@ def extract_image_features(folder: str | Path, out: str | Path,
                 regions.append(r.half().cpu())
                 pooled.append(p.half().cpu())
                 bar.update(len(photos))
-            part = ImageFeatures(chunk, torch.cat(regions), torch.cat(pooled), description)
+            part = ImageFeatures(chunk, torch.cat(regions), torch.cat(pooled), description, image_dir,
+                                 {n: stamps[n] for n in chunk})
             parts_dir.mkdir(parents=True, exist_ok=True)
             number = max((int(p.stem) for p in parts_dir.glob("*.safetensors") if p.stem.isdigit()), default=-1) + 1
             save_image_features(parts_dir / f"{number:05d}.safetensors", part)
@@ -179,7 +208,8 @@ def extract_image_features(folder: str | Path, out: str | Path,
                 rows.setdefault(n, (f, i))
         order = sorted(rows)
         merged = ImageFeatures(order, torch.stack([rows[n][0].regions[rows[n][1]] for n in order]),
-                               torch.stack([rows[n][0].pooled[rows[n][1]] for n in order]), description)
+                               torch.stack([rows[n][0].pooled[rows[n][1]] for n in order]), description,
+                               image_dir, {n: rows[n][0].stamps[n] for n in order if n in rows[n][0].stamps})
         save_image_features(out, merged)
         if parts_dir.is_dir():
             shutil.rmtree(parts_dir)

@@ -15,6 +15,7 @@ rank 0 alone writes the log, the curves and the checkpoints.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
 import os
@@ -39,6 +40,7 @@ from scratchformer.training import distributed
 from scratchformer.training.checkpoint import (
     average_checkpoints,
     finish_interrupted_save,
+    load_config,
     load_training_state,
     load_weights,
     save_checkpoint,
@@ -54,6 +56,10 @@ FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # torch's fused AdamW kernel (one pass ov
 # TrainConfig's integer counts and their least values (seed may be any integer, max_steps also None)
 AT_LEAST = {"epochs": 1, "max_steps": 1, "grad_accum": 1, "log_every": 1, "eval_every": 0, "save_every": 0,
             "keep_checkpoints": 0, "warmup_steps": 0, "threads": 0}
+# TrainConfig fields that fix the data order and the optimisation: a resumed run keeps the saved ones
+# (its length, device, precision, logging and saving may change)
+RESUME_FIXED = ("seed", "grad_accum", "lr", "betas", "adam_eps", "weight_decay", "schedule", "warmup_steps",
+                "min_lr_ratio")
 TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
 
 
@@ -125,6 +131,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
             self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
+        if isinstance(self.out_dir, os.PathLike):
+            self.out_dir = os.fspath(self.out_dir)  # (saved in config.json)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULES:
@@ -137,8 +145,11 @@ class TrainConfig:
                     isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least):
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         for name, hint in typing.get_type_hints(TrainConfig).items():  # a JSON recipe may hold "lr": "1e-3"
-            if not _fits(getattr(self, name), hint):
-                raise ValueError(f"{name} must be {_describe(hint)}, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not _fits(value, hint):
+                raise ValueError(f"{name} must be {_describe(hint)}, got {value!r}")
+            if isinstance(value, numbers.Number) and not isinstance(value, (bool, int, float)):  # numpy's: JSON
+                setattr(self, name, int(value) if isinstance(value, numbers.Integral) else float(value))  # needs ours
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.grad_clip is not None and not self.grad_clip > 0:
@@ -162,6 +173,13 @@ def _fits(value: Any, hint: Any) -> bool:
     if isinstance(value, bool):
         return hint is bool
     return isinstance(value, {int: numbers.Integral, float: numbers.Real, str: (str, os.PathLike)}.get(hint, hint))
+
+
+def _leaves(value: Any, path: str = "") -> dict[str, Any]:
+    """A JSON value's leaves by dotted path: {"model": {"num_heads": 2}} -> {"model.num_heads": 2}."""
+    if not isinstance(value, dict) or not value:
+        return {path: value}
+    return {k: v for key, item in value.items() for k, v in _leaves(item, f"{path}.{key}" if path else key).items()}
 
 
 def _describe(hint: Any) -> str:
@@ -366,7 +384,12 @@ class Trainer:
         with this rank's RNG state under "rng"; the weights are loaded on rank 0 (DDP copies them).
         Read into CPU memory (the optimizer moves its state to the parameters' device)."""
         last = self.out_dir / "last"
-        state = distributed.on_main(lambda: load_training_state(last, map_location="cpu"))
+
+        def read() -> dict[str, Any]:
+            self._check_same_run(last)
+            return load_training_state(last, map_location="cpu")
+
+        state = distributed.on_main(read)
         saved_size = state.get("world_size", 1)
         if saved_size != self.world.size:
             raise ValueError(f"{last} was saved by {saved_size} process(es) and cannot resume with {self.world.size}: "
@@ -377,6 +400,23 @@ class Trainer:
         if "rng_ranks" in state:
             state["rng"] = state["rng_ranks"][self.world.rank]
         return state
+
+    def _check_same_run(self, last: Path) -> None:
+        """Refuse to resume ``last`` with another task or model configuration, or other values of
+        the training fields in RESUME_FIXED (only those the saved file holds: older ones resume)."""
+        saved = load_config(last)
+        saved_training = saved.pop("training", {})
+        saved.pop("weights_sha256", None)
+        training = json.loads(json.dumps(asdict(self.config)))
+        now = {**_leaves(json.loads(json.dumps(self.task.checkpoint_config()))),
+               **{k: training[k] for k in RESUME_FIXED}}
+        was = {**_leaves(saved), **{k: saved_training[k] for k in RESUME_FIXED if k in saved_training}}
+        differ = [k for k in was if k not in now or now[k] != was[k]]
+        if differ:
+            def show(values: dict[str, Any]) -> str:
+                return ", ".join(f"{k}={json.dumps(values[k])}" if k in values else f"no {k}" for k in differ)
+            raise ValueError(f"{last} was saved with {show(was)}; this run has {show(now)}: --resume continues a run "
+                             "with its own settings (only its length, device, precision, logging and saving may change)")
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         """The module the training steps call: ``DistributedDataParallel(model)`` under torchrun.
@@ -437,8 +477,8 @@ class Trainer:
         ddp = train_model if isinstance(train_model, DistributedDataParallel) else None
         optimizer = torch.optim.AdamW(_param_groups(model, c.weight_decay), lr=c.lr, betas=c.betas, eps=c.adam_eps,
                                       fused=self.device.type in FUSED_ADAMW_DEVICES)
-        groups_per_epoch = math.ceil(len(self._shard(0)) / c.grad_accum)
-        total = c.max_steps or c.epochs * groups_per_epoch
+        # (an epoch's batch count may vary: token-budget batching)
+        total = c.max_steps or sum(math.ceil(len(self._shard(e)) / c.grad_accum) for e in range(c.epochs))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_multiplier(c.schedule, c.warmup_steps, total, c.min_lr_ratio)
         )
@@ -534,6 +574,7 @@ class Trainer:
                                                  f"(loss {loss_sum}); training stopped: try bf16 or a lower learning rate")
                     continue  # not a step: the schedule, the step count and the log do not move
                 consecutive_skips = 0
+                lr = optimizer.param_groups[0]["lr"]  # this step's (scheduler.step sets the next one's)
                 scheduler.step()
                 step += 1
                 result.losses.append(loss_sum)
@@ -545,7 +586,7 @@ class Trainer:
                         "step": step,
                         "epoch": epoch,
                         "loss": loss_sum,
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": lr,
                         "items_per_s": window_items / max(elapsed, 1e-9),  # all ranks together
                     }
                     if scaler.is_enabled():
