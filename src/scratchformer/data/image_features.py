@@ -97,10 +97,10 @@ def photo_stamp(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def check_same_photos(found: ImageFeatures, folder: Path, stamps: dict[str, list[int]], where: str) -> None:
-    """Refuse features of another image folder, or of photos (in ``stamps``) changed since they were made."""
-    if found.image_dir is not None and found.image_dir != str(folder.resolve()):
-        raise ValueError(f"{where}: features of the photos in {found.image_dir}, not {folder.resolve()}; "
+def check_same_photos(found: ImageFeatures, image_dir: str, stamps: dict[str, list[int]], where: str) -> None:
+    """Refuse features of another (resolved) image folder, or of photos (in ``stamps``) changed since they were made."""
+    if found.image_dir is not None and found.image_dir != image_dir:
+        raise ValueError(f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
                          "features of different image folders are never mixed: use another output file")
     changed = [n for n, stamp in stamps.items() if found.stamps.get(n, stamp) != stamp]
     if changed:
@@ -174,14 +174,11 @@ def extract_image_features(folder: str | Path, out: str | Path,
     stamps, image_dir = {n: photo_stamp(folder / n) for n in names}, str(folder.resolve())
     parts_dir = out.with_name(out.name + ".parts")
     done: list[ImageFeatures] = []
-    if out.exists():
-        done.append(load_image_features(out))
-        check_same_encoder(done[0].description, description, str(out))
-        check_same_photos(done[0], folder, stamps, str(out))
-    for part in sorted(parts_dir.glob("*.safetensors")) if parts_dir.is_dir() else []:
-        done.append(load_image_features(part))
-        check_same_encoder(done[-1].description, description, str(part))
-        check_same_photos(done[-1], folder, stamps, str(part))
+    earlier = ([out] if out.exists() else []) + (sorted(parts_dir.glob("*.safetensors")) if parts_dir.is_dir() else [])
+    for path in earlier:  # the file, then a killed run's chunks: made as this run would make them, or refused
+        done.append(load_image_features(path))
+        check_same_encoder(done[-1].description, description, str(path))
+        check_same_photos(done[-1], image_dir, stamps, str(path))
     seen = {n for f in done for n in f.names}
     todo = [n for n in names if n not in seen]
     with tqdm(total=len(todo), desc="image features", unit="img", disable=not progress) as bar:

@@ -477,8 +477,10 @@ class Trainer:
         ddp = train_model if isinstance(train_model, DistributedDataParallel) else None
         optimizer = torch.optim.AdamW(_param_groups(model, c.weight_decay), lr=c.lr, betas=c.betas, eps=c.adam_eps,
                                       fused=self.device.type in FUSED_ADAMW_DEVICES)
-        # (an epoch's batch count may vary: token-budget batching)
-        total = c.max_steps or sum(math.ceil(len(self._shard(e)) / c.grad_accum) for e in range(c.epochs))
+        # without max_steps, the epochs' own batch counts make the total (they vary with token-budget
+        # batching); the batches are made once, kept for the loop
+        shards = {} if c.max_steps else {e: self._shard(e) for e in range(c.epochs)}
+        total = c.max_steps or sum(math.ceil(len(batches) / c.grad_accum) for batches in shards.values())
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_multiplier(c.schedule, c.warmup_steps, total, c.min_lr_ratio)
         )
@@ -529,7 +531,7 @@ class Trainer:
         show = c.progress and main
         bar = tqdm(total=total, initial=step, desc="training", unit="step", disable=not show, mininterval=1.0)
         while step < total:
-            batches = self._shard(epoch)
+            batches = shards.pop(epoch) if epoch in shards else self._shard(epoch)
             groups = [batches[i : i + c.grad_accum] for i in range(0, len(batches), c.grad_accum)]
             epoch_done = False
             while not epoch_done and step < total:
