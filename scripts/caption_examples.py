@@ -1,7 +1,7 @@
 """The README's captioning figures: a few rendered test scenes with the model's captions and their
 references, and one scene's word-by-word cross-attention over the image.
 
-    python scripts/caption_examples.py --checkpoint runs/shapes/best --out-dir docs
+    python scripts/caption_examples.py --checkpoint runs/shapes/best --out-dir docs/figures
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from scratchformer.data.shapes import shape_scene_splits
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="runs/shapes/best")
-    parser.add_argument("--out-dir", default="docs")
+    parser.add_argument("--out-dir", default="docs/figures")
     parser.add_argument("--count", type=int, default=4, help="images per split")
     parser.add_argument("--seed", type=int, default=0, help="the scenes' seed (the recipe's shapes.seed)")
     parser.add_argument("--beam", type=int, default=3)

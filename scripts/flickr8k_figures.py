@@ -20,7 +20,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="runs/flickr8k/best")
     parser.add_argument("--flickr8k", default="../shared/data/flickr8k")
     parser.add_argument("--split", default="dev")
-    parser.add_argument("--out-dir", default="docs")
+    parser.add_argument("--out-dir", default="docs/figures")
     parser.add_argument("--first", type=int, default=0, help="index of the first photo shown (split order)")
     parser.add_argument("--count", type=int, default=4)
     parser.add_argument("--attention", type=int, default=0, help="which of the shown photos gets the attention figure")
