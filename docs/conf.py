@@ -46,6 +46,7 @@ napoleon_numpy_docstring = False
 html_theme = "furo"
 html_title = f"scratchformer {release}"
 html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 # MathJax 3 from the installed package, not a CDN (these machines and many readers are offline).
 mathjax_path = "mathjax/tex-svg.js"

@@ -1,0 +1,173 @@
+"""The documentation cannot rot: the site builds with warnings as errors, the walkthrough's code is
+included by object name (a renamed object is found), the README's Python runs as written, and the
+command blocks of Getting started run verbatim (at toy scale: a tiny IMDB and a shrunken recipe in
+a scratch folder laid out like the repository)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def fenced_blocks(path: Path, language: str) -> list[str]:
+    """The bodies of the ```language fenced blocks of a Markdown file."""
+    return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def commands(block: str) -> list[str]:
+    """The shell commands of a bash block: comments dropped, backslash continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+
+
+# ------------------------------------------------------------------------------------------------ the site
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("html")
+    result = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS),
+                             str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, f"sphinx-build -W failed:\n{result.stderr[-5000:]}"
+    return out
+
+
+def test_the_site_builds_with_offline_math_and_the_walkthroughs_code(site: Path) -> None:
+    paper = (site / "paper.html").read_text(encoding="utf-8")
+    assert (site / "_static" / "mathjax" / "tex-svg.js").stat().st_size > 1_000_000  # MathJax 3 shipped
+    assert 'src="_static/mathjax/tex-svg.js' in paper and "cdn.jsdelivr.net" not in paper
+    assert paper.count('class="math') >= 10  # the equations, left for MathJax to typeset
+    for source in ("attention.py", "masks.py", "embedding.py", "feedforward.py", "layer_norm.py", "encoder.py",
+                   "decoder.py"):
+        assert f"core/{source}" in paper, source
+    included = re.sub(r"<[^>]+>", "", paper)
+    for definition in ("def scaled_dot_product_attention(", "def causal_mask(", "def sinusoidal_table(",
+                       "class PositionwiseFeedForward(", "class TokenEmbedding("):
+        assert definition in included, definition
+    for figure in re.findall(r'<img[^>]+src="([^"]+)"', paper):
+        assert (site / figure).is_file(), figure
+
+
+def test_every_subcommand_is_in_the_cli_reference(site: Path) -> None:
+    import argparse
+
+    from scratchformer.cli import build_parser
+
+    def names(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += [f"{prefix}-{name}", *names(sub, f"{prefix}-{name}")]
+        return found
+
+    cli = (site / "reference" / "cli.html").read_text(encoding="utf-8")
+    expected = names(build_parser(), "scratchformer")
+    assert "scratchformer-train-classifier" in expected and len(expected) >= 16
+    missing = [name for name in expected if f'id="{name}"' not in cli]
+    assert not missing, missing
+
+
+def _build_walkthrough(tmp_path: Path, rename: tuple[str, str] | None) -> str:
+    """Build paper.md alone against a copy of src/ (with one name replaced): the warnings it gives."""
+    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    if rename:
+        path = tmp_path / "src" / "scratchformer" / "core" / "attention.py"
+        path.write_text(path.read_text().replace(*rename), encoding="utf-8")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(DOCS / "paper.md", tmp_path / "docs" / "index.md")
+    (tmp_path / "docs" / "conf.py").write_text('extensions = ["myst_parser"]\nmyst_enable_extensions = ["dollarmath"]\n')
+    result = subprocess.run([sys.executable, "-m", "sphinx", "-q", "-b", "html", str(tmp_path / "docs"),
+                             str(tmp_path / "html")], capture_output=True, text=True)
+    return result.stderr
+
+
+def test_renaming_an_included_object_breaks_the_walkthrough(tmp_path: Path) -> None:
+    assert "not found in include file" not in _build_walkthrough(tmp_path / "same", None)
+    warnings = _build_walkthrough(tmp_path / "renamed", ("class MultiHeadAttention(", "class MultiHeadAttn("))
+    assert "Object named 'MultiHeadAttention.__init__' not found in include file" in warnings, warnings
+
+
+# ------------------------------------------------------------------------------------------------ README
+
+
+def test_the_readme_is_a_front_door() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    assert "<!-- main-command -->" in readme and "<!-- test-command -->" in readme
+    for target in re.findall(r"\]\((?!https?://|#)([^)\s]+)\)", readme):  # every local link and picture exists
+        assert (ROOT / target.split("#")[0]).exists(), target
+    assert "Changes in " not in readme  # they live in CHANGELOG.md
+
+
+@pytest.mark.parametrize("index", range(len(fenced_blocks(ROOT / "README.md", "python"))))
+def test_the_readmes_python_runs_as_written(index: int, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = fenced_blocks(ROOT / "README.md", "python")[index]
+    exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "__readme__"})
+
+
+# ------------------------------------------------------------------------------------------------ Getting started
+
+
+def _tiny_imdb(folder: Path) -> None:
+    """Reviews in the shared data's layout: ../shared/data/imdb/{train,test}.jsonl.gz."""
+    words = {1: "wonderful moving brilliant superb touching great", 0: "dull boring awful tedious weak bad"}
+    folder.mkdir(parents=True)
+    for split, count in (("train", 48), ("test", 16)):
+        with gzip.open(folder / f"{split}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for i in range(count):
+                label = i % 2
+                text = f"A {words[label].split()[i % 6]} film, {words[label]} and <br />then {i} more."
+                f.write(json.dumps({"id": f"{split}/{i}", "label": label, "text": text}) + "\n")
+
+
+def _toy_recipe(path: Path) -> None:
+    """recipes/imdb.json with every size shrunk; its keys and paths stay the real recipe's."""
+    recipe = json.loads((ROOT / "recipes" / "imdb.json").read_text())
+    recipe.update(valid_size=8, vocab_size=120, max_length=32, head_length=8, batch_size=8, average_last=2)
+    recipe["model"].update(d_model=16, num_heads=2, num_layers=1, d_ff=32)
+    recipe["train"].update(epochs=1, eval_every=2, log_every=1)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(recipe))
+
+
+def test_getting_started_commands_run_verbatim(tmp_path: Path) -> None:
+    work = tmp_path / "scratchformer"  # the clone: recipes/ here, the data at ../shared/data
+    _tiny_imdb(tmp_path / "shared" / "data" / "imdb")
+    _toy_recipe(work / "recipes" / "imdb.json")
+    env = {k: v for k, v in os.environ.items() if k != "SCRATCHFORMER_DATA"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # this environment's scratchformer
+    ran, skipped = [], []
+    for block in fenced_blocks(DOCS / "getting-started.md", "bash"):
+        for command in commands(block):
+            if command.startswith("pip install"):  # CI installs with the README's command itself
+                skipped.append(command)
+                continue
+            result = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True,
+                                    timeout=300)
+            assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+            ran.append((command, result.stdout))
+    assert skipped and all(c.startswith("pip install") and ("-e ." in c or '-e ".[' in c) for c in skipped), skipped
+    outputs = dict(ran)
+    assert any(c.startswith("scratchformer demo") for c in outputs), list(outputs)
+    demo = next(out for c, out in ran if c.startswith("scratchformer demo"))
+    assert "exact-match accuracy" in demo and "attention map:" in demo
+    train = next(out for c, out in ran if c.startswith("scratchformer train classifier"))
+    assert json.loads(train)["test"]["n"] == 16
+    evaluate = next(out for c, out in ran if c.startswith("scratchformer evaluate"))
+    assert "accuracy" in evaluate and "(16 examples)" in evaluate
+    classify = next(out for c, out in ran if c.startswith("scratchformer classify"))
+    assert len(classify.splitlines()) == 2 and all(line.split()[0] in ("positive", "negative")
+                                                   for line in classify.splitlines())
