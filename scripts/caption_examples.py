@@ -1,5 +1,5 @@
-"""The README's captioning figures: a few rendered test scenes with the model's captions and their
-references, and one scene's word-by-word cross-attention over the image.
+"""The captioning guide's figures (docs/guides/captioning.md): a few rendered test scenes with the
+model's captions and their references, and one scene's word-by-word cross-attention over the image.
 
     python scripts/caption_examples.py --checkpoint runs/shapes/best --out-dir docs/figures
 """

@@ -5,7 +5,7 @@
 ``scratchformer train mlm`` trains positions 0..max_length-1 only (its tokenizer_config.json records
 that length as ``model_max_length``); rows past it keep their random initialisation. This writes a
 copy whose rows P..L-1 repeat rows 0..P-1 (P trained, L the table's length), as Longformer
-initialised its longer table (Beltagy et al. 2020). An experiment: the README measures it on IMDB.
+initialised its longer table (Beltagy et al. 2020). An experiment: the pretraining guide (docs/guides/pretraining.md) measures it on IMDB.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The measurements behind three claims of the README's speed section, each against its reference
+"""The measurements behind three claims of the speed page (docs/speed.md), each against its reference
 in one process (medians of interleaved repeats):
 
 1. LayerNorm: the core module (the formula written out) vs ``FastLayerNorm`` (ATen's kernel), fp32

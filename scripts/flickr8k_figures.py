@@ -1,5 +1,5 @@
-"""The README's Flickr8k figures: dev photographs with the model's captions and their references,
-and one photo's word-by-word cross-attention over its 7 x 7 regions.
+"""The Flickr8k figures of the captioning guide (docs/guides/captioning.md): dev photographs with the
+model's captions and their references, and one photo's word-by-word cross-attention over its 7 x 7 regions.
 
     python scripts/flickr8k_figures.py --checkpoint runs/flickr8k/best --flickr8k ../shared/data/flickr8k
 """

@@ -1,6 +1,6 @@
 """Choose the IMDB pretraining recipe on the validation set only: MLM pretraining variants, each
 with the step budget the 2-core CPU affords in 60 minutes, then fine-tuning from each (the test set
-is never read). Runs anywhere; on a GPU the whole sweep takes minutes (README, "Pretraining").
+is never read). Runs anywhere; on a GPU the whole sweep takes minutes (docs/guides/pretraining.md).
 
     python scripts/mlm_sweep.py --tokenizer tok.json --parallel 5            # every variant
     python scripts/mlm_sweep.py --only d128_l4_learned post_ln_6k            # some of them

@@ -1,4 +1,4 @@
-"""scripts/copy_trained_positions.py: the position-copy experiment the IMDB section of the README measures."""
+"""scripts/copy_trained_positions.py: the position-copy experiment the pretraining guide (docs/guides/pretraining.md) measures."""
 
 import json
 import subprocess

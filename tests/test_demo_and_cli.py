@@ -5,12 +5,25 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from scratchformer.cli import main
-from scratchformer.tasks.demo import BOS, EOS, FIRST_DIGIT, PAD, DemoConfig, make_batch
+from scratchformer.tasks import demo
+from scratchformer.tasks.demo import BOS, EOS, FIRST_DIGIT, PAD, DemoConfig, make_batch, run_demo
+
+
+def assert_png(path, min_side: int = 300) -> None:
+    """``path`` is a PNG that PIL can read, of a sensible size."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        assert min(image.size) >= min_side and max(image.size) <= 3000, image.size
 
 
 def test_make_batch_targets_are_reversed_inputs() -> None:
@@ -30,12 +43,52 @@ def test_demo_config_rejects_unknown_task() -> None:
         DemoConfig(task="add")
 
 
-def test_demo_cli_learns_reversal(capsys) -> None:
-    """The real demo (full size): greedy decoding of held-out inputs must be near perfect."""
-    assert main(["demo", "--no-progress"]) == 0
+def test_demo_cli_learns_reversal(capsys, monkeypatch, tmp_path) -> None:
+    """The real demo (full size): greedy decoding of held-out inputs must be near perfect, and the
+    picture it draws shows why: the last decoder layer's cross-attention is an anti-diagonal."""
+    results = []
+    monkeypatch.setattr(demo, "run_demo", lambda *a, **k: results.append(run_demo(*a, **k)) or results[-1])
+    figure = tmp_path / "figures" / "attention.png"
+    assert main(["demo", "--no-progress", "--figure", str(figure)]) == 0
     out = capsys.readouterr().out
     accuracy = float(re.search(r"exact-match accuracy ([\d.]+)%", out).group(1))
     assert accuracy >= 95.0, out
+
+    assert out.rstrip("\n").splitlines()[-1] == f"attention map: {figure}"
+    assert_png(figure)
+    (result,) = results
+    attention = result.attention
+    n = len(attention.source)
+    assert n >= 8 and attention.target == attention.source[::-1]
+    assert attention.layer == 2 and attention.heads == 4
+    weights = attention.weights  # (n + 1, n): the answer's digits and </s>, by the source digits
+    assert weights.shape == (n + 1, n)
+    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(n + 1))
+    # output digit t is source digit n-1-t: each row's weight on that column, on average
+    on_mirror = torch.stack([weights[t, n - 1 - t] for t in range(n)]).mean().item()
+    assert on_mirror > 0.5, f"{on_mirror:.1%} of the attention on the anti-diagonal\n{weights}"
+    assert attention.mirror_mass == pytest.approx(on_mirror)
+    assert f"(the anti-diagonal): {on_mirror:.1%}" in out
+
+
+def test_demo_no_figure_writes_nothing(capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--no-progress", "--steps", "2", "--no-figure"]) == 0
+    out = capsys.readouterr().out
+    assert "attention map" not in out and "exact-match accuracy" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_draws_its_default_figure_and_sort(monkeypatch, tmp_path) -> None:
+    """Untrained and small (the drawing, not the learning): the default path, relative to the cwd,
+    with its folders made; sorting draws the same map and claims no anti-diagonal."""
+    monkeypatch.chdir(tmp_path)
+    result = run_demo(DemoConfig(task="sort", steps=1, eval_size=8), progress=False)
+    assert result.figure == Path(DemoConfig.figure) and (tmp_path / DemoConfig.figure).is_file()
+    assert_png(tmp_path / DemoConfig.figure)
+    attention = result.attention
+    assert attention.target == "".join(sorted(attention.source)) and attention.mirror_mass is None
+    assert "sort" in attention.title and "mirrored" not in attention.title
 
 
 def test_module_entry_point_help() -> None:

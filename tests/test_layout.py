@@ -1,6 +1,6 @@
 """The layout shows the architecture, and this test keeps it so.
 
-The import rule (README, "Map of the code"), checked on every import statement of the package,
+The import rule (docs/design.md), checked on every import statement of the package,
 those inside functions included:
 
     core        imports nothing else of the package (the paper)
@@ -72,7 +72,7 @@ def package_modules() -> dict[str, str]:
 def test_every_module_belongs_to_a_known_layer() -> None:
     for module in package_modules():
         top = module.split(".")[0]
-        assert top in ALLOWED or top in TOP, f"{module}: not in any layer of the map; add it to the README and here"
+        assert top in ALLOWED or top in TOP, f"{module}: not in any layer of the map; add it to docs/design.md and here"
 
 
 def test_imports_follow_the_rule() -> None:

@@ -1,4 +1,4 @@
-"""scripts/sample_lines.py: the seeded test-set sample the MiniLM figure in the README is scored on."""
+"""scripts/sample_lines.py: the seeded test-set sample the MiniLM figure of the pretraining guide was scored on."""
 
 import gzip
 import json

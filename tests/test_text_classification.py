@@ -184,7 +184,7 @@ def test_length_bucketed_batches() -> None:
 
 
 def test_a_given_tokenizer_makes_fresh_runs_use_one_vocabulary(tmp_path: Path, monkeypatch) -> None:
-    """WordPiece training is not reproducible across processes (README); a recipe's ``tokenizer``
+    """WordPiece training is not reproducible across processes (docs/guides/training.md); a recipe's ``tokenizer``
     reuses a saved one instead, so every fresh run gets the same ids."""
     from scratchformer.tasks import classification
 

@@ -1,6 +1,6 @@
 """scratchformer: the Transformer of "Attention Is All You Need", from scratch in PyTorch.
 
-The package is layered (see README, "Map of the code"): core/ is the paper; fast/ and
+The package is layered (see docs/design.md): core/ is the paper; fast/ and
 generation/ build on it; models/, data/, tasks/, tools/ and training/ sit above. This module
 re-exports the public API only.
 

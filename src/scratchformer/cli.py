@@ -33,7 +33,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = DemoConfig(task=args.task, steps=args.steps, seed=args.seed)
+    figure = None if args.no_figure else args.figure or DemoConfig.figure
+    cfg = DemoConfig(task=args.task, steps=args.steps, seed=args.seed, figure=figure)
     result = run_demo(cfg, progress=not args.no_progress)
     print(f"\n{cfg.task} digits: greedy decoding of held-out inputs (KV cache)")
     for source, expected, predicted in result.examples:
@@ -43,6 +44,12 @@ def _demo(args: argparse.Namespace) -> int:
         f"exact-match accuracy {result.accuracy:.1%} on {cfg.eval_size} held-out inputs; "
         f"final loss {result.final_loss:.4f}; {result.seconds:.1f} s"
     )
+    attention = result.attention
+    if attention is not None and attention.mirror_mass is not None:
+        print(f"cross-attention on the mirrored source digit (the anti-diagonal): {attention.mirror_mass:.1%} "
+              f"({attention.source} -> {attention.target})")
+    if result.figure is not None:
+        print(f"attention map: {result.figure}")
     return 0
 
 
@@ -508,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--threads", type=_non_negative, default=0, help="torch CPU threads (default: torch's choice)")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    figure = demo.add_mutually_exclusive_group()
+    figure.add_argument("--figure", metavar="PATH", help="where to draw the cross-attention map of one held-out "
+                        "input, a PNG (default runs/demo/attention.png; folders are made)")
+    figure.add_argument("--no-figure", action="store_true", help="draw no attention map (headless use)")
     demo.set_defaults(func=_demo)
 
     embed = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT-family checkpoint")
@@ -640,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. ``torchrun --nproc-per-node N -m scratchformer train ...`` runs a
-    ``train`` command in N processes (the trainer joins them; see README, "torchrun").
+    ``train`` command in N processes (the trainer joins them; see docs/guides/distributed.md).
 
     An error is one line on stderr naming the problem, exit code 2; ``--debug`` (or
     SCRATCHFORMER_DEBUG=1) shows the traceback instead.

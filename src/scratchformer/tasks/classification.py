@@ -138,27 +138,30 @@ class ClassifierRecipe(Recipe):
     or ../shared/data).
     """
 
-    train_file: str
-    test_file: str | None = None
-    valid_file: str | None = None
-    valid_size: int = 1000  # held out of the training file when there is no valid_file
-    text_field: str = "text"
-    label_field: str = "label"
-    label_names: list[str] | None = None
-    vocab_size: int = 16000
-    lowercase: bool = True
-    max_length: int = 512
-    truncation: str = "head_tail"
-    head_length: int = 128
-    batch_size: int = 32
-    pooling: str = "mean"
-    head_dropout: float = 0.1
+    train_file: str  # labelled training texts: .jsonl/.json/.csv, .gz ok
+    test_file: str | None = None  # texts the chosen checkpoint is tested on at the end (None: no test)
+    valid_file: str | None = None  # validation texts (None: ``valid_size`` held out of train_file)
+    valid_size: int = 1000  # held out of the training file when there is no valid_file (then >= 1)
+    text_field: str = "text"  # the key (JSONL) or column (CSV) of the text
+    label_field: str = "label"  # the key (JSONL) or column (CSV) of the label
+    label_names: list[str] | None = None  # the classes (>= 2 distinct names): integer labels index them,
+    # string labels are among them (None: 0..max, or the sorted distinct strings, of the training file)
+    vocab_size: int = 16000  # WordPiece vocabulary trained on the training texts (>= 8)
+    lowercase: bool = True  # that WordPiece tokenizer lowercases and strips accents
+    max_length: int = 512  # tokens per text, [CLS] and [SEP] included (>= 2); longer texts are cut
+    truncation: str = "head_tail"  # "head" (keep the first max_length tokens) or "head_tail" (the first
+    # head_length and the last max_length - head_length)
+    head_length: int = 128  # tokens kept from the start by "head_tail", in (0, max_length)
+    batch_size: int = 32  # texts per batch (>= 1)
+    pooling: str = "mean"  # one vector per text: "mean" over the real tokens or "cls" (the first position)
+    head_dropout: float = 0.1  # dropout on that vector, before the class head, in [0, 1)
     model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the tokenizer);
     # with ``pretrained``, only dropout and attention_dropout (they replace the checkpoint's)
     pretrained: str | None = None  # a BERT checkpoint directory to start from (its tokenizer too)
-    tokenizer: str | None = None  # a tokenizer.json to use instead of training one (identical vocabularies across runs)
+    tokenizer: str | None = None  # a tokenizer.json to use instead of training one (identical vocabularies
+    # across runs; not with pretrained)
     average_last: int = 0  # also try the average of the last N evaluated checkpoints (0: off)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)  # how to train (the ``train`` table)
 
     METRICS = ("loss", "accuracy", "macro_f1")
 
@@ -230,7 +233,7 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
         tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
                                             truncation=c.truncation, head_length=c.head_length)
     else:
-        # WordPiece training is not deterministic across processes (README): every rank takes rank 0's,
+        # WordPiece training is not deterministic across processes (docs/guides/training.md): every rank takes rank 0's,
         # and a resumed run the one its weights were trained with.
         def wordpiece() -> Tokenizer:  # on rank 0 (the checkpoints are its files), sent to the others
             if resume:

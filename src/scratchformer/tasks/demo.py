@@ -2,13 +2,15 @@
 
 Runs in under a minute on 2 CPU cores, needs no data and no network, and exercises the whole
 model: padding masks (inputs of varied length), the causal decoder, teacher forcing and greedy
-decoding with the key/value cache.
+decoding with the key/value cache. Then it draws what it learned: the cross-attention of one
+held-out input (for reversal, an anti-diagonal: output digit t reads source digit n-1-t).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -18,8 +20,10 @@ from tqdm.auto import tqdm
 from scratchformer.fast import optimize
 from scratchformer.generation import greedy_decode
 from scratchformer.core.transformer import Transformer, TransformerConfig
+from scratchformer.tools.attention_maps import record_attention
 
-__all__ = ["DemoConfig", "DemoResult", "make_batch", "run_demo"]
+__all__ = ["DemoAttention", "DemoConfig", "DemoResult", "demo_attention", "make_batch", "plot_demo_attention",
+           "run_demo"]
 
 PAD, BOS, EOS, FIRST_DIGIT = 0, 1, 2, 3
 VOCAB_SIZE = FIRST_DIGIT + 10
@@ -38,6 +42,7 @@ class DemoConfig:
     seed: int = 0
     eval_size: int = 500
     show: int = 5
+    figure: str | None = "runs/demo/attention.png"  # the attention map (PNG, relative to the cwd); None: none
     model: TransformerConfig = field(
         default_factory=lambda: TransformerConfig(
             src_vocab_size=VOCAB_SIZE,
@@ -67,11 +72,47 @@ class DemoConfig:
 
 
 @dataclass
+class DemoAttention:
+    """The last decoder layer's cross-attention, mean of its heads, for one held-out input, the
+    correct answer fed in (teacher forcing).
+
+    Attributes:
+        task: "reverse" or "sort".
+        source: the input digits, e.g. "38201957" (the columns).
+        target: the answer, e.g. "75910283"; the rows are its digits then </s>.
+        weights: (len(target) + 1, len(source)); each row sums to 1.
+        layer, heads: which decoder layer (1-based) and how many heads were averaged.
+        mirror_mass: reversal only: the mean, over the answer's digits, of the weight on the mirrored
+            source digit (row t, column n-1-t: the anti-diagonal); None for sorting, where no single
+            source position is expected.
+    """
+
+    task: str
+    source: str
+    target: str
+    weights: Tensor
+    layer: int
+    heads: int
+    mirror_mass: float | None
+
+    @property
+    def title(self) -> str:
+        lines = [f"cross-attention, decoder layer {self.layer} (mean of {self.heads} heads)",
+                 f"{self.task} {self.source} -> {self.target}"]
+        if self.mirror_mass is not None:
+            lines.append(f"mean {self.mirror_mass:.0%} of each output digit's attention on its mirrored "
+                         "source digit")
+        return "\n".join(lines)
+
+
+@dataclass
 class DemoResult:
     accuracy: float  # exact-match rate of greedy outputs on held-out inputs
     final_loss: float
     seconds: float
     examples: list[tuple[str, str, str]]  # (input, expected, predicted)
+    attention: DemoAttention | None = None  # the cross-attention of one held-out input
+    figure: Path | None = None  # where its picture was written (None: not drawn)
 
 
 def _target(digits: list[int], task: str) -> list[int]:
@@ -110,8 +151,49 @@ def _answer(row: Tensor) -> list[int]:
     return ids[: ids.index(EOS)] if EOS in ids else ids + [-1]  # no EOS: never an exact match
 
 
+def demo_attention(model: Transformer, src: Tensor, task: str) -> DemoAttention:
+    """Feed one input ``src`` (S,) of digits (no padding) and its correct answer through ``model``,
+    recording every attention module's weights; keep the last decoder layer's cross-attention."""
+    answer = _target(src.tolist(), task)
+    with torch.no_grad(), record_attention(model) as recorded:
+        model(src[None], torch.tensor([[BOS] + answer]))
+    layer = len(model.decoder.layers)
+    weights = recorded[f"decoder.layers.{layer - 1}.cross_attn"][0][0]  # (H, T, S): the only call, sequence 0
+    mean = weights.float().mean(dim=0)  # (n + 1, n): rows = answer digits + </s>
+    n = len(answer)
+    mirror = mean[torch.arange(n), torch.arange(n - 1, -1, -1)].mean().item() if task == "reverse" else None
+    return DemoAttention(task, _text(src.tolist()), _text(answer), mean, layer, weights.shape[0], mirror)
+
+
+def plot_demo_attention(attention: DemoAttention, path: str | Path) -> Path:
+    """Draw ``attention`` as one heatmap with a colour bar (a PNG at ``path``, parent folders made)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows, cols = list(attention.target) + ["</s>"], list(attention.source)
+    width = max(6.4, 0.45 * len(cols) + 2.6)  # room for the title
+    fig, ax = plt.subplots(figsize=(width, 0.45 * len(rows) + 1.9))
+    image = ax.imshow(attention.weights.cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
+    ax.set_xticks(range(len(cols)), cols, fontsize=10)
+    ax.set_yticks(range(len(rows)), rows, fontsize=10)
+    ax.set_xlabel("source digit (input)", fontsize=10)
+    ax.set_ylabel("output digit (written)", fontsize=10)
+    ax.tick_params(length=0)
+    ax.set_title(attention.title, fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label("attention weight", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def run_demo(config: DemoConfig | None = None, progress: bool = True) -> DemoResult:
-    """Train on fresh random batches, then greedy-decode held-out inputs and score exact matches."""
+    """Train on fresh random batches, then greedy-decode held-out inputs and score exact matches;
+    then record the cross-attention of one longish held-out input, and draw it (``cfg.figure``)."""
     cfg = config or DemoConfig()
     torch.manual_seed(cfg.seed)
     train_gen = torch.Generator().manual_seed(cfg.seed)
@@ -146,4 +228,11 @@ def run_demo(config: DemoConfig | None = None, progress: bool = True) -> DemoRes
         correct += expected == got
         if i < cfg.show:
             examples.append((_text(src[i].tolist()), _text(expected), _text(got)))
-    return DemoResult(correct / cfg.eval_size, loss.item(), time.perf_counter() - start, examples)
+
+    lengths = (src != PAD).sum(dim=1)
+    longish = (lengths >= min(8, cfg.max_len)).nonzero()  # the first of 8+ digits, or the longest
+    i = int(longish[0]) if len(longish) else int(lengths.argmax())
+    attention = demo_attention(model, src[i, : int(lengths[i])], cfg.task)
+    figure = plot_demo_attention(attention, cfg.figure) if cfg.figure is not None else None
+    seconds = time.perf_counter() - start
+    return DemoResult(correct / cfg.eval_size, loss.item(), seconds, examples, attention, figure)
