@@ -1,4 +1,4 @@
-"""Scaled dot-product and multi-head attention (paper, sections 3.2.1 and 3.2.2).
+"""Scaled dot-product and multi-head attention (paper, sections 3.2.1 and 3.2.2)::
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)

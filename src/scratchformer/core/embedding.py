@@ -1,6 +1,6 @@
 """Embeddings and positions (paper, sections 3.4 and 3.5).
 
-"In the embedding layers, we multiply those weights by sqrt(d_model)." Positions are added:
+"In the embedding layers, we multiply those weights by sqrt(d_model)." Positions are added::
 
     PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
     PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))

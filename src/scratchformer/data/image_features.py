@@ -1,4 +1,4 @@
-"""Image features on disk: one safetensors file per image set, made once by a frozen encoder.
+"""Image features on disk: one safetensors file per image set, made once by a frozen encoder::
 
     regions  (N, R, D_img) float16   e.g. R = 49 (7 x 7) regions of D_img = 1280 for EfficientNet-Lite0
     pooled   (N, D_img)    float16   the regions' mean

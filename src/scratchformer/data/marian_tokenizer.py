@@ -1,5 +1,5 @@
 """The tokenisation of a Marian (opus-mt) checkpoint directory, as ``transformers.MarianTokenizer``
-does it, with ``sentencepiece``:
+does it, with ``sentencepiece``::
 
     text -> pieces (source.spm) -> ids (vocab.json; unknown pieces -> <unk>)      encode
     ids  -> pieces (vocab.json)  -> text (sentencepiece detokenisation)           decode

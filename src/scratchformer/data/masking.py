@@ -6,6 +6,8 @@ A chosen token is replaced by [MASK] 80% of the time, by a random token 10% of t
 tokens ([CLS], [SEP]) and padding are never chosen. With ``whole_word``, the choice is made once
 per word: a WordPiece continuation ("##ing") is chosen exactly when its word's first piece is.
 
+Usage::
+
     inputs, targets = mask_tokens(ids, maskable, mask_id=4, replacements=ids_of_normal_tokens,
                                   generator=torch.Generator().manual_seed(0))
     loss = cross_entropy(logits[targets != IGNORE], targets[targets != IGNORE])

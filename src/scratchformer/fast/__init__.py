@@ -1,6 +1,6 @@
 """Opt-in speed paths. Each is a subclass of a core/ module with the same parameters (so the same
 ``state_dict``) and the same values, proven equal to core/ in tests/test_fast.py. One call
-switches them on, in place:
+switches them on, in place::
 
     model = optimize(model)                      # the tasks and benchmarks do this
     model = optimize(model, skip_padding=True)   # encoders also skip padded positions

@@ -57,7 +57,7 @@ class Packing:
         return self.index.shape[0]
 
     def pack(self, x: Tensor) -> Tensor:
-        """(B, T, *F) -> (N, *F): the real tokens, in order."""
+        """``(B, T, *F) -> (N, *F)``: the real tokens, in order."""
         if tuple(x.shape[:2]) != tuple(self.key_padding_mask.shape):
             raise ValueError(
                 f"x: expected shape (B, T, ...) with (B, T)={tuple(self.key_padding_mask.shape)}, got {tuple(x.shape)}"
@@ -65,7 +65,7 @@ class Packing:
         return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
 
     def unpack(self, x: Tensor) -> Tensor:
-        """(N, *F) -> (B, T, *F) with zeros at the padded positions."""
+        """``(N, *F) -> (B, T, *F)`` with zeros at the padded positions."""
         if x.shape[0] != len(self):
             raise ValueError(f"x: expected {len(self)} packed tokens (N, ...), got {tuple(x.shape)}")
         out = x.new_zeros(self.batch * self.length, *x.shape[1:])

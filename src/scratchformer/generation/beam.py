@@ -57,7 +57,7 @@ def beam_search(
         rules: what may come next (:class:`StepRules`: prefix, n-gram and repetition rules, minimum
             and maximum length), applied to the log-probabilities (as Hugging Face's processors);
             default: never BOS or pad, EOS at ``a * S + b`` new tokens.
-        Other arguments as :func:`greedy_decode`.
+        model, bos_id, eos_id, src_padding_mask, max_len_a, max_len_b: as in :func:`greedy_decode`.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.

@@ -1,6 +1,6 @@
 """One entry point for every encoder-decoder model: :func:`generate` runs greedy search, sampling
 (temperature, top-k, top-p) or beam search by a :class:`GenerationConfig`, with the key/value
-cache, a forced target prefix and the rules of :mod:`~scratchformer.generation.rules`.
+cache, a forced target prefix and the rules of :mod:`~scratchformer.generation.rules`::
 
     hyps = generate(model, src, GenerationConfig(num_beams=4, num_return_sequences=2))
     hyps[i][0].tokens, hyps[i][0].log_prob, hyps[i][0].score   # the best of sentence i

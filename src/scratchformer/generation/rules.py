@@ -1,6 +1,6 @@
 """What may come next at each decoding step: the rules every search applies to the next-token scores
 (logits for greedy and sampling, log-probabilities for beam search, as Hugging Face does), in
-Hugging Face's order:
+Hugging Face's order::
 
     repetition penalty -> no repeated n-gram -> no EOS before min_new_tokens -> never BOS or pad
     -> a forced prefix -> only EOS at the length limit

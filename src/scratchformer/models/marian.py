@@ -1,15 +1,15 @@
-"""Marian translation checkpoints (Helsinki-NLP/opus-mt-*, as ``transformers`` saves them) in and out
+"""Marian translation checkpoints (``Helsinki-NLP/opus-mt-*``, as ``transformers`` saves them) in and out
 of our :class:`~scratchformer.Transformer`.
 
 A Marian model is the paper's Transformer (post-LN, sinusoidal positions, shared and tied
-embeddings) with four differences, each a visible :class:`~scratchformer.TransformerConfig` field:
+embeddings) with four differences, each a visible :class:`~scratchformer.TransformerConfig` field::
 
     sinusoidal_layout="halves"   all sines, then all cosines (the paper interleaves them)
     activation="silu"            Marian's "swish"
     output_bias=True             final_logits_bias, added to the tied output projection
     scale_embedding              from config.json (opus-mt: True, times sqrt(D) as the paper)
 
-and decoding starts from the padding token (``decoder_start_token_id`` = pad). The weights:
+and decoding starts from the padding token (``decoder_start_token_id`` = pad). The weights::
 
     model.shared (or encoder/decoder.embed_tokens)  -> src_embed (tgt_embed)
     model.{encoder,decoder}.layers.i.self_attn.{q,k,v}_proj -> ...self_attn.qkv_proj (stacked)

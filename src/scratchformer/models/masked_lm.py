@@ -1,5 +1,5 @@
 """BERT's masked language model: our encoder, then the MLM head whose output matrix is the token
-embedding itself (Devlin et al. 2019; the tying of Press and Wolf 2017, as section 3.4 of the paper).
+embedding itself (Devlin et al. 2019; the tying of Press and Wolf 2017, as section 3.4 of the paper)::
 
     h = LayerNorm(act(W_t x + b_t))          the head's transform, D -> D
     logits = h E^T + b                       E: the (V, D) token embedding, shared, not copied

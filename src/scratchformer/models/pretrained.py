@@ -4,7 +4,7 @@ XLM-R and DistilBERT in; BERT out.
 A checkpoint directory holds ``config.json``, ``model.safetensors`` and ``tokenizer.json`` (as
 written by ``save_pretrained``; sentence-transformers adds ``sentence_bert_config.json`` and
 ``1_Pooling/config.json``). Weights are read with ``safetensors`` only, never unpickled, and
-their names are mapped onto ours by the tables below: no ``transformers`` import at run time.
+their names are mapped onto ours by the tables below: no ``transformers`` import at run time::
 
     BERT, RoBERTa, XLM-R                        DistilBERT                        ours
     embeddings.word_embeddings                  (same)                            embeddings.token

@@ -1,6 +1,8 @@
 """Look at attention: record the probabilities every MultiHeadAttention computes, and draw them.
 Imports core/ only.
 
+Usage::
+
     with record_attention(model) as recorded:
         model(src, tgt)
     recorded["decoder.layers.0.cross_attn"]   # list of (B, H, T, S) tensors, one per call

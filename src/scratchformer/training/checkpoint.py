@@ -1,4 +1,4 @@
-"""Checkpoints: a directory, written atomically, loaded without unpickling arbitrary objects.
+"""Checkpoints: a directory, written atomically, loaded without unpickling arbitrary objects::
 
     model.safetensors   weights (safetensors; shared/tied tensors stored once)
     config.json         everything needed to rebuild the model (and its task settings)
