@@ -24,38 +24,31 @@ C = TypeVar("C", bound="ModelConfig")
 
 @dataclass
 class ModelConfig:
-    """The shared fields (keyword-only); the defaults are the paper's base model. d_model: D;
-    num_heads: H; d_ff: feed-forward width; dropout: P_drop, everywhere; attention_dropout: on the
-    attention probabilities (None = dropout); activation: "relu" (paper) or "gelu" (BERT);
-    norm_first: False = post-LN (paper), True = pre-LN; final_norm: a LayerNorm after each stack
-    (None = if norm_first and the stack has layers); layer_norm_eps; bias: in the linear maps;
-    max_len: longest sequence accepted; positional: "sinusoidal" (paper) or "learned";
-    sinusoidal_layout: "interleaved" (paper) or "halves" (Marian); scale_embedding: token vectors times
-    sqrt(D) (paper; BERT does not); output_bias: a bias on the output
-    projection (None = only if untied; Marian's final_logits_bias); pad_id: the padding id (None: no
-    padding). activation may also be "silu" (Marian's "swish")."""
+    """The shared fields (keyword-only), each described by its comment; the defaults are the
+    paper's base model."""
 
     VOCABS: ClassVar[tuple[str, ...]] = ()  # vocabulary sizes of the subclass (pad_id must fit them)
     SIZES: ClassVar[tuple[str, ...]] = ()  # its other sizes that must be positive
     DEPTHS: ClassVar[tuple[str, ...]] = ()  # its layer counts (>= 0)
 
     _: KW_ONLY
-    d_model: int = 512
-    num_heads: int = 8
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float | None = None
-    activation: str = "relu"
-    norm_first: bool = False
-    final_norm: bool | None = None
-    layer_norm_eps: float = 1e-5
-    bias: bool = True
-    max_len: int = 1024
-    positional: str = "sinusoidal"
-    sinusoidal_layout: str = "interleaved"
-    scale_embedding: bool = True
-    output_bias: bool | None = None
-    pad_id: int | None = 0
+    d_model: int = 512  # D, the width of every token vector (a multiple of num_heads)
+    num_heads: int = 8  # H, attention heads, each of width d_k = D / H
+    d_ff: int = 2048  # the feed-forward layer's inner width
+    dropout: float = 0.1  # P_drop, everywhere (embeddings, sublayer outputs, feed-forward), in [0, 1)
+    attention_dropout: float | None = None  # on the attention probabilities, in [0, 1) (None: dropout)
+    activation: str = "relu"  # "relu" (paper), "gelu" (BERT) or "silu" (Marian's "swish")
+    norm_first: bool = False  # False: post-LN (paper); True: pre-LN
+    final_norm: bool | None = None  # a LayerNorm after each stack (None: if norm_first and it has layers)
+    layer_norm_eps: float = 1e-5  # the LayerNorms' epsilon (> 0)
+    bias: bool = True  # biases in the linear maps
+    max_len: int = 1024  # longest sequence accepted, in tokens (the positions' table)
+    positional: str = "sinusoidal"  # "sinusoidal" (paper) or "learned"
+    sinusoidal_layout: str = "interleaved"  # "interleaved" (paper) or "halves" (Marian)
+    scale_embedding: bool = True  # token vectors times sqrt(D) (paper; BERT does not)
+    output_bias: bool | None = None  # a bias on the output projection (None: only if untied;
+    # Marian's final_logits_bias)
+    pad_id: int | None = 0  # the padding id (None: no padding)
 
     def __post_init__(self) -> None:
         for name in (*self.VOCABS, "d_model", "num_heads", "d_ff", "max_len", *self.SIZES, *self.DEPTHS):

@@ -21,21 +21,19 @@ __all__ = ["Transformer", "TransformerConfig"]
 
 @dataclass
 class TransformerConfig(ModelConfig):
-    """:class:`ModelConfig`'s fields; src/tgt_vocab_size: V of each side; num_encoder/decoder_layers:
-    N of each stack (the decoder's >= 1: only its layers read the source); share_embeddings: one embedding
-    matrix for both sides (equal V); tie_output: the output projection reuses the target embedding (3.4)."""
+    """:class:`ModelConfig`'s fields and the encoder-decoder's own (each described by its comment)."""
 
     VOCABS = ("src_vocab_size", "tgt_vocab_size")
     SIZES = ("num_decoder_layers",)
     DEPTHS = ("num_encoder_layers",)
 
-    src_vocab_size: int
-    tgt_vocab_size: int
+    src_vocab_size: int  # V of the source side
+    tgt_vocab_size: int  # V of the target side
     _: KW_ONLY
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    share_embeddings: bool = False
-    tie_output: bool = False
+    num_encoder_layers: int = 6  # N of the encoder stack (>= 0)
+    num_decoder_layers: int = 6  # N of the decoder stack (>= 1: only its layers read the source)
+    share_embeddings: bool = False  # one embedding matrix for both sides (needs equal V)
+    tie_output: bool = False  # the output projection reuses the target embedding matrix (3.4)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -149,7 +149,14 @@ def _examples(n: int, rng: random.Random, allowed: set[tuple[str, str]] | None,
 
 def shape_scene_splits(seed: int = 0, train_size: int = 20000, valid_size: int = 500,
                        test_size: int = 1000) -> dict[str, CaptionExamples]:
-    """The four splits, deterministic given the arguments. Held-out pairs: :func:`held_out_pairs`."""
+    """The four splits, deterministic given the arguments. Held-out pairs: :func:`held_out_pairs`.
+
+    Args:
+        seed: picks the held-out colour-shape pairs and draws every scene.
+        train_size: training scenes.
+        valid_size: validation scenes (drawn like the training ones).
+        test_size: scenes of each test split, ``test_seen`` and ``test_heldout``.
+    """
     held_out = held_out_pairs(seed)
     seen = {(c, s) for c in COLOURS for s in SHAPES} - held_out
     return {

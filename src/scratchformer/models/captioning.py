@@ -37,13 +37,16 @@ class CaptioningConfig(ModelConfig):
         vocab_size: V, caption words (with the special words).
         input: "pixels" (images, through a patch embedding and an encoder) or "features"
             (precomputed image features, projected to D).
-        image_size, channels, patch_size: H = W, C and P of the images ("pixels").
+        image_size: H = W, the images' side in pixels ("pixels"; a multiple of patch_size).
+        channels: C, the images' colour channels ("pixels").
+        patch_size: P, the side of the square patches an image is cut into ("pixels").
         feature_dim: D_img of the features ("features").
         num_regions: with region features (B, R, D_img), a learned position embedding for each of
-            the R regions (their place in the image's grid); 0: none (the regions are a set).
-        num_encoder_layers: encoder layers over the patches or regions (0 with "features":
-            the projected features are the memory, as in cs231n).
-        num_decoder_layers: caption decoder layers.
+            the R regions (their place in the image's grid); 0: none (the regions are a set);
+            "features" only.
+        num_encoder_layers: encoder layers over the patches or regions (>= 0; 0: the patch
+            embeddings or the projected features are the memory, as in cs231n).
+        num_decoder_layers: caption decoder layers (>= 1).
         max_len: longest caption in tokens, <START> included.
         tie_output: the output projection reuses the word embedding matrix.
     """

@@ -23,10 +23,10 @@ __all__ = ["ClassifierConfig", "TextClassifier"]
 
 @dataclass
 class ClassifierConfig:
-    encoder: EncoderConfig
-    num_classes: int = 2
-    pooling: str = "mean"
-    head_dropout: float = 0.1
+    encoder: EncoderConfig  # the encoder's configuration
+    num_classes: int = 2  # C, the number of classes (>= 2)
+    pooling: str = "mean"  # "mean" over the real tokens or "cls" (the first position's vector)
+    head_dropout: float = 0.1  # dropout on the pooled vector, before the class head
 
     def __post_init__(self) -> None:
         if isinstance(self.encoder, dict):

@@ -26,12 +26,13 @@ class EncoderConfig(ModelConfig):
     """:class:`~scratchformer.core.config.ModelConfig`'s fields (with BERT-like defaults here), and:
 
     Attributes:
-        vocab_size: V.  num_layers: N.
+        vocab_size: V, the number of token ids.
+        num_layers: N, encoder layers (>= 0).
         type_vocab_size: number of token types (segments); 0 = no token-type embedding.
         embedding_norm: LayerNorm on the summed embeddings (BERT).
         pooler: BERT's pooler, tanh(W h_[CLS] + b).
         positions_skip_padding: a token's position counts the real tokens before it, not the
-            columns (RoBERTa, XLM-R), so left padding shifts nothing; learned positions only.
+            columns (RoBERTa, XLM-R), so left padding shifts nothing; needs positional "learned".
     """
 
     VOCABS = ("vocab_size",)

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -411,6 +411,30 @@ class SelfCriticalTask(CaptioningTask):
         return -(advantage[:, None] * log_p * real).sum() / real.sum(), int(real.sum())
 
 
+class _RequiredSplits(TypedDict):
+    train: str  # the training split (Flickr8k: "train", "dev", "test"; Karpathy: "train" is train + restval)
+    valid: str  # the validation split (it picks the best checkpoint)
+
+
+class CaptionSplits(_RequiredSplits, total=False):
+    """A captioning recipe's ``splits`` section (photos): split names of the data."""
+
+    test: str | list[str]  # the test split(s), each scored at the end ([]: none)
+
+
+class _RequiredSelfCritical(TypedDict):
+    steps: int  # optimizer steps of self-critical training (>= 1)
+
+
+class SelfCriticalOptions(_RequiredSelfCritical, total=False):
+    """A captioning recipe's ``scst`` section: self-critical training (:class:`SelfCriticalTask`)
+    from the best cross-entropy weights; its weights are scored only if they beat them on validation."""
+
+    lr: float  # its learning rate, constant (default: 0.05 * train.lr)
+    samples: int  # captions sampled per image, >= 2 (default 5)
+    eval_every: int  # evaluate every N steps (default: train.eval_every)
+
+
 @dataclass
 class CaptioningRecipe(Recipe):
     """A captioning run, loadable from JSON (see recipes/shapes_captioning.json, recipes/flickr8k.json).
@@ -431,32 +455,37 @@ class CaptioningRecipe(Recipe):
     only if they beat cross-entropy's on validation. ``{data}`` in paths is the shared data directory.
     """
 
-    data: str = "shapes"
-    shapes: dict[str, Any] = field(default_factory=dict)
-    cs231n_dir: str | None = None
-    pca_features: bool = True
-    max_train: int | None = None
-    valid_size: int = 500
-    image_dir: str | None = None
-    train_captions: str | None = None
-    valid_captions: str | None = None
-    test_captions: str | None = None
-    image_size: int | None = None
-    flickr8k_dir: str | None = None
-    karpathy_json: str | None = None
-    splits: dict[str, Any] = field(default_factory=lambda: {"train": "train", "valid": "dev", "test": []})
-    features: str = "runs/features/{source}-efficientnet-lite0.safetensors"
-    memory: str = "regions"
+    data: str = "shapes"  # the source: "shapes" (built in), "cs231n", "folder", "flickr8k" or "karpathy"
+    shapes: dict[str, Any] = field(default_factory=dict)  # data "shapes": the scenes, as the arguments of
+    # shape_scene_splits ({}: its defaults)
+    cs231n_dir: str | None = None  # data "cs231n": the folder of cs231n's COCO files
+    pca_features: bool = True  # data "cs231n": its PCA-reduced VGG-16 fc7 features (False: the full ones)
+    max_train: int | None = None  # data "cs231n": only the first N training images (None: all)
+    valid_size: int = 500  # data "cs231n": images of its val split that validate (the rest test)
+    image_dir: str | None = None  # data "folder": the per-image files; data "karpathy": the photos
+    train_captions: str | None = None  # data "folder": the training captions, ``image_id<TAB>caption``
+    valid_captions: str | None = None  # data "folder": the validation captions (the same format)
+    test_captions: str | None = None  # data "folder": the test captions (None: no test)
+    image_size: int | None = None  # data "folder": resize the images to this side (None: as they are)
+    flickr8k_dir: str | None = None  # data "flickr8k": the Flickr8k folder (captions file, Images/)
+    karpathy_json: str | None = None  # data "karpathy": Karpathy's split JSON (e.g. COCO's)
+    splits: dict[str, Any] = field(  # data "flickr8k"/"karpathy": the splits that train, validate and
+        default_factory=lambda: {"train": "train", "valid": "dev", "test": []})  # test (CaptionSplits)
+    features: str = "runs/features/{source}-efficientnet-lite0.safetensors"  # photos: the feature
+    # file, reused when there, else extracted into it; ``{source}`` is the data kind
+    memory: str = "regions"  # photos: the decoder attends over "regions" (the 7 x 7 grid) or "pooled"
+    # (one vector)
     min_count: int = 1  # words seen fewer times in training become <UNK>
     batch_size: int = 64  # images per batch
     captions_per_image: int = 1  # references of each image in a batch (5: all of Flickr8k's)
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # eps_ls of the cross-entropy, in [0, 1)
     model: dict[str, Any] = field(default_factory=dict)  # CaptioningConfig fields (V and input from the data)
-    decoding: dict[str, Any] = field(default_factory=lambda: {"beam_size": 3, "length_penalty": 1.0})
-    train: TrainConfig = field(default_factory=TrainConfig)
-    # Self-critical training after cross-entropy (none when empty): {"steps": N, "lr": LR,
-    # "samples": K (per image, default 5), "eval_every": N}; written to OUT/scst/.
-    scst: dict[str, Any] = field(default_factory=dict)
+    decoding: dict[str, Any] = field(  # the checkpoint's decoding (test splits, ``caption``): the
+        default_factory=lambda: {"beam_size": 3, "length_penalty": 1.0})  # DecodingOptions beam_size and
+    # length_penalty
+    train: TrainConfig = field(default_factory=TrainConfig)  # how to train: TrainConfig's fields
+    scst: dict[str, Any] = field(default_factory=dict)  # self-critical training after cross-entropy, into
+    # ``out_dir``/scst: SelfCriticalOptions ({}: none)
 
     METRICS = ("loss", "bleu4", "cider", "exact_match")
     PHOTOS = ("flickr8k", "karpathy")  # real photographs through the image encoder

@@ -155,13 +155,13 @@ class ClassifierRecipe(Recipe):
     batch_size: int = 32  # texts per batch (>= 1)
     pooling: str = "mean"  # one vector per text: "mean" over the real tokens or "cls" (the first position)
     head_dropout: float = 0.1  # dropout on that vector, before the class head, in [0, 1)
-    model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the tokenizer);
-    # with ``pretrained``, only dropout and attention_dropout (they replace the checkpoint's)
+    model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the
+    # tokenizer); with ``pretrained``, only dropout and attention_dropout (they replace the checkpoint's)
     pretrained: str | None = None  # a BERT checkpoint directory to start from (its tokenizer too)
     tokenizer: str | None = None  # a tokenizer.json to use instead of training one (identical vocabularies
     # across runs; not with pretrained)
     average_last: int = 0  # also try the average of the last N evaluated checkpoints (0: off)
-    train: TrainConfig = field(default_factory=TrainConfig)  # how to train (the ``train`` table)
+    train: TrainConfig = field(default_factory=TrainConfig)  # how to train: TrainConfig's fields
 
     METRICS = ("loss", "accuracy", "macro_f1")
 

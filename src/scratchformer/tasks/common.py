@@ -10,7 +10,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, get_type_hints
 
 import torch
 from torch import Tensor
@@ -39,7 +39,18 @@ def pad_ids(sequences: Sequence[Sequence[int]], device: torch.device | str = "cp
     return out.to(device)
 
 
-DECODING_KEYS = {"beam_size": int, "length_penalty": float, "max_len_a": float, "max_len_b": int}
+class DecodingOptions(TypedDict, total=False):
+    """The keys of a recipe's ``decoding`` section (and of a translation recipe's ``decoding_grid``),
+    checked by :func:`check_decoding`; a key left out keeps the task's default."""
+
+    beam_size: int  # hypotheses kept at each step, >= 1 (1: greedy search)
+    length_penalty: float  # a hypothesis's score is log_prob / length ** length_penalty (finite)
+    max_len_a: float  # at most max_len_a * S + max_len_b new tokens for a source of S tokens (>= 0),
+    # within the model's max_len
+    max_len_b: int  # the constant term of that limit (>= 0)
+
+
+DECODING_KEYS: dict[str, type] = get_type_hints(DecodingOptions)  # key -> int or float
 
 
 def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = tuple(DECODING_KEYS)) -> None:

@@ -162,20 +162,24 @@ class MLMRecipe(Recipe):
     LayerNorm on the embeddings, GELU): the result is written as a BERT checkpoint.
     """
 
-    train_files: list[str]
-    text_field: str = "text"
-    valid_size: int = 1000
-    vocab_size: int = 16000
-    lowercase: bool = True
+    train_files: list[str]  # unlabelled texts: JSONL/CSV (the text_field) or plain text, one text per
+    # line; .gz ok (a non-empty list)
+    text_field: str = "text"  # the key (JSONL) or column (CSV) of the text
+    valid_size: int = 1000  # texts held out for the masked-token metrics (>= 1)
+    vocab_size: int = 16000  # WordPiece vocabulary trained on the training texts (>= 8)
+    lowercase: bool = True  # that WordPiece tokenizer lowercases and strips accents
     tokenizer: str | None = None  # a tokenizer.json to use instead of training one
-    max_length: int = 512
-    max_tokens: int = 16384
-    mask_rate: float = 0.15
-    mask_fraction: float = 0.8
-    random_fraction: float = 0.1
-    whole_word: bool = False
-    model: dict[str, Any] = field(default_factory=dict)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    max_length: int = 512  # tokens per sequence, [CLS] and [SEP] included (>= 3); longer texts are cut
+    # into several
+    max_tokens: int = 16384  # padded tokens per batch (>= max_length)
+    mask_rate: float = 0.15  # share of the real tokens (words, with whole_word) chosen as targets, in (0, 1)
+    mask_fraction: float = 0.8  # share of the chosen replaced by [MASK] (>= 0)
+    random_fraction: float = 0.1  # share of the chosen replaced by a random token (>= 0; with mask_fraction
+    # at most 1; the rest are kept)
+    whole_word: bool = False  # choose whole words: a "##" piece is chosen with its word's first piece
+    model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields, BERT's choices by default
+    # (vocab/pad come from the tokenizer); a BERT checkpoint must be able to express them
+    train: TrainConfig = field(default_factory=TrainConfig)  # how to train: TrainConfig's fields
 
     METRICS = ("loss", "accuracy", "perplexity")
 

@@ -209,23 +209,27 @@ class TranslationRecipe(Recipe):
     """A translation run, loadable from JSON (see recipes/multi30k_de_en.json); ``{data}`` in paths
     is the shared data directory."""
 
-    train_source: str
-    train_target: str
-    valid_source: str
-    valid_target: str
-    test_source: str | None = None
-    test_target: str | None = None
-    vocab_size: int = 8000
+    train_source: str  # training sentences of the source language, one per line (.gz ok)
+    train_target: str  # their translations, line by line
+    valid_source: str  # validation sentences (loss, greedy BLEU and chrF during training)
+    valid_target: str  # their translations
+    test_source: str | None = None  # test sentences, translated with ``decoding`` at the end (None: none)
+    test_target: str | None = None  # their translations (give both test files or neither)
+    vocab_size: int = 8000  # joint byte-level BPE vocabulary of both languages (>= 8)
     max_length: int = 128  # tokens per side (with EOS); longer training pairs are filtered, counted
     max_tokens: int = 4096  # padded tokens per batch and side
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # eps_ls of the cross-entropy (paper, 5.4), in [0, 1)
     average_last: int = 0  # average the last N evaluated checkpoints (0: off)
-    decoding_grid: dict[str, list[Any]] = field(default_factory=dict)  # decoding options tried on the validation set
+    decoding_grid: dict[str, list[Any]] = field(default_factory=dict)  # decoding options tried on the
+    # validation set (decoding key -> values; every combination); the best becomes the checkpoint's
+    # decoding ({}: none)
     tokenizer: str | None = None  # a tokenizer.json (joint BPE) to use instead of training one
-    model: dict[str, Any] = field(default_factory=dict)  # TransformerConfig fields (vocabulary from the tokenizer)
-    decoding: dict[str, Any] = field(default_factory=lambda: {"beam_size": 5, "length_penalty": 1.0,
-                                                              "max_len_a": 1.2, "max_len_b": 10})
-    train: TrainConfig = field(default_factory=TrainConfig)
+    model: dict[str, Any] = field(default_factory=dict)  # TransformerConfig fields (vocabulary from the
+    # tokenizer)
+    decoding: dict[str, Any] = field(default_factory=lambda: {  # the checkpoint's decoding (the test set,
+        "beam_size": 5, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10})  # ``translate``):
+    # DecodingOptions
+    train: TrainConfig = field(default_factory=TrainConfig)  # how to train: TrainConfig's fields
 
     METRICS = ("loss", "bleu", "chrf")
 

@@ -69,21 +69,27 @@ class TrainConfig:
 
     Attributes:
         out_dir: where checkpoints (``best/``, ``last/``), ``metrics.jsonl`` and ``curves.png`` go.
-        epochs: passes over the training data, unless ``max_steps`` is set.
-        max_steps: optimizer steps in total (also the decay horizon of the schedule).
-        lr: peak learning rate.  weight_decay: AdamW decay of weight matrices (not biases/norms).
-        betas, adam_eps: AdamW moments.
+        epochs: passes over the training data, unless ``max_steps`` is set (>= 1).
+        max_steps: optimizer steps in total (also the decay horizon of the schedule); None: ``epochs``
+            decide.
+        lr: peak learning rate (> 0).
+        weight_decay: AdamW decay of weight matrices (not biases/norms), >= 0.
+        betas: AdamW's two moment coefficients, each in [0, 1).
+        adam_eps: AdamW's epsilon (> 0).
         schedule: "cosine", "inverse_sqrt", "linear" or "constant", after ``warmup_steps``.
-        min_lr_ratio: floor of cosine/linear decay, as a fraction of ``lr``.
-        grad_clip: max global gradient norm (None: no clipping).
-        grad_accum: micro-batches per optimizer step.
+        warmup_steps: optimizer steps of linear warm-up from ~0 to ``lr`` (>= 0).
+        min_lr_ratio: floor of cosine/linear decay, as a fraction of ``lr``, in [0, 1].
+        grad_clip: max global gradient norm, > 0 (None: no clipping).
+        grad_accum: micro-batches per optimizer step (>= 1).
         precision: "fp32", "bf16" (autocast; CPU or GPU) or "fp16" (autocast + GradScaler; GPU).
         eval_every: evaluate every N steps (0: only at the end); the best checkpoint is kept.
-        best_metric, best_mode: which evaluation metric picks the best checkpoint, "max" or "min".
+        best_metric: which evaluation metric picks the best checkpoint (one the task reports).
+        best_mode: "max" (higher ``best_metric`` is better) or "min".
         save_every: write the resumable ``last/`` checkpoint every N steps (0: only at the end).
         keep_checkpoints: also keep the last N evaluated weights as ``step-NNNNNNN/`` (for
             checkpoint averaging; 0: none).
-        log_every: steps between log lines.  seed: everything random derives from it.
+        log_every: steps between log lines (>= 1).
+        seed: everything random derives from it.
         device: "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ... (under torchrun: "auto",
             "cpu" or "cuda", and each process takes cuda:LOCAL_RANK).
         threads: torch CPU threads (0: torch's default; torchrun sets 1 per process).
