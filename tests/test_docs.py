@@ -79,6 +79,18 @@ def test_every_subcommand_is_in_the_cli_reference(site: Path) -> None:
     assert not missing, missing
 
 
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (apt-get install chromium)")
+def test_a_browser_shows_typeset_math_and_every_figure(site: Path, tmp_path: Path) -> None:
+    """scripts/docs_screenshots.py: headless Chromium, offline; it fails on raw TeX or a broken image."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_screenshots.py"), "--site", str(site),
+                             "--pages", "index", "paper", "pitfalls", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    paper = json.loads(re.search(r"paper: \S+  (\{.*\})", result.stdout).group(1))
+    assert paper["math"] >= 50 and paper["raw_tex"] == 0 and paper["images"] >= 4 and not paper["broken"]
+    assert (tmp_path / "paper.png").stat().st_size > 50_000
+
+
 def _build_walkthrough(tmp_path: Path, rename: tuple[str, str] | None) -> str:
     """Build paper.md alone against a copy of src/ (with one name replaced): the warnings it gives."""
     shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))

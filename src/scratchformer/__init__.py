@@ -36,7 +36,7 @@ from scratchformer.models.marian import load_marian
 from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
-__version__ = "0.5.1"
+__version__ = "0.6.0"
 
 __all__ = [
     "CaptioningConfig",
