@@ -26,7 +26,7 @@ from torch import Tensor, nn
 import scratchformer as sf
 from benchmarks.harness import Case, Group
 from scratchformer.generation import beam_search
-from scratchformer.training.trainer import FUSED_ADAMW_DEVICES
+from scratchformer.training.optimizer import FUSED_ADAMW_DEVICES
 
 FAST, SLOW = "torch.nn fast path", "torch.nn fast path off"
 OURS, OURS_SKIP = "scratchformer Encoder", "scratchformer Encoder, skip_padding"

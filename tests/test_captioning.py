@@ -393,7 +393,7 @@ def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(tmp_path: 
     recipe.shapes = {"seed": 0, "train_size": 4, "valid_size": 2, "test_size": 5}
     train_captioner(recipe)
     tsv = save_caption_folder(shape_scene_splits(**recipe.shapes)["test_seen"], tmp_path / "scenes")
-    batches = spy_on_decoding(monkeypatch, "captioning")
+    batches = spy_on_decoding(monkeypatch, "captioning.captioner")  # where Captioner decodes
     args = ["evaluate", "--checkpoint", str(tmp_path / "run" / "best"), "--captions", str(tsv),
             "--images", str(tmp_path / "scenes"), "--device", "cpu", "--json"]
     capsys.readouterr()

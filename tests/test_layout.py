@@ -7,8 +7,9 @@ those inside functions included:
     fast        core, fast                 generation  core, generation
     models      core, fast, models         data        data
     tools       core, tools                training    training
-    tasks       anything below, tasks.common, never another task
-    cli.py, __main__.py, __init__.py: anything
+    tasks       anything below, tasks.common, never another task (a task that is a package, as
+                tasks/captioning/, imports its own modules)
+    cli (the command line, a package), __main__.py, __init__.py: anything
 
 Also: core/ stays readable (at most 930 lines, attention.py at most 200, one fused and one explicit
 attention kernel, no speed machinery inside).
@@ -34,7 +35,7 @@ ALLOWED = {
     "training": {"training"},
     "tasks": {"core", "fast", "generation", "models", "data", "tools", "training", "tasks"},
 }
-TOP = {"cli", "__main__", "__init__"}  # may import anything
+TOP = {"cli", "__main__", "__init__"}  # may import anything (cli: every module of the cli/ package)
 
 
 def imported_modules(source: str) -> list[str]:
@@ -88,7 +89,8 @@ def test_imports_follow_the_rule() -> None:
         ("fast.encoder", "from scratchformer.generation.cache import KVCache"),
         ("training.trainer", "from scratchformer.models.classifier import TextClassifier"),
         ("data.shapes", "from scratchformer.core.masks import padding_mask"),
-        ("tasks.captioning", "from scratchformer.tasks.translation import pad_ids"),
+        ("tasks.captioning.__init__", "from scratchformer.tasks.translation import pad_ids"),
+        ("tasks.captioning.captioner", "from scratchformer.tasks.masked_lm import MLMRecipe"),
         ("tools.attention_maps", "    from scratchformer.tasks.translation import Translator"),  # inside a function
         ("models.classifier", "from scratchformer import Transformer"),
     ],
@@ -99,6 +101,11 @@ def test_the_rule_catches_a_violation(module: str, line: str) -> None:
     injected = source + ("\n\ndef _f():\n" + line + "\n" if line.startswith(" ") else "\n" + line + "\n")
     assert violations(module, source) == []
     assert len(violations(module, injected)) == 1
+
+
+def test_a_task_package_imports_its_own_modules() -> None:
+    assert violations("tasks.captioning.__init__", "from scratchformer.tasks.captioning.captioner import Captioner") == []
+    assert len(violations("tasks.captioning.captioner", "from scratchformer.tasks.captioning_x import f")) == 1
 
 
 def test_core_reads_in_one_sitting() -> None:
@@ -115,3 +122,39 @@ def test_core_has_one_attention_path_and_no_speed_machinery() -> None:
     for trick in ("autograd.Function", "data_ptr", "_version", "inplace=True", "Packing", "index_select(",
                   "new_empty(", "record_weights"):
         assert trick not in text, f"core/ contains {trick!r}: speed paths and tools live outside core/"
+
+
+def test_every_script_is_in_the_scripts_table() -> None:
+    """Each script in scripts/ makes a figure or a number a page quotes: docs/design.md's Scripts table
+    names every one (what it produces, which page quotes it), and no script that is gone."""
+    root = Path(__file__).resolve().parents[1]
+    section = (root / "docs" / "design.md").read_text(encoding="utf-8").split("### Scripts", 1)[1]
+    table = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
+    assert table == {p.name for p in (root / "scripts").glob("*.py")}
+
+
+MAX_FUNCTION_LINES = 80  # nanoGPT's and minGPT's longest functions are 55-65 lines
+MAX_MODULE_LINES = 500
+EXCEPTIONS: dict[str, int] = {}  # "module:function" or "module" -> its own limit, with the reason beside it
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int]]:
+    """The length in lines of every module of the package, and of every function in it."""
+    modules, functions = {}, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        text = path.read_text()
+        modules[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[f"{name}:{node.name}@{node.lineno}"] = node.end_lineno - node.lineno + 1
+    return modules, functions
+
+
+def test_functions_and_modules_are_short() -> None:
+    modules, functions = _sizes()
+    long_modules = {m: n for m, n in modules.items() if n > EXCEPTIONS.get(m, MAX_MODULE_LINES)}
+    long_functions = {f: n for f, n in functions.items() if n > EXCEPTIONS.get(f.split("@")[0], MAX_FUNCTION_LINES)}
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+    assert max(functions.values()) > 20 and len(modules) > 50  # the walk saw the package

@@ -54,7 +54,8 @@ def toy_model() -> nn.Module:
 
 
 def toy_config(out: Path, **kw) -> TrainConfig:
-    base = dict(out_dir=str(out), epochs=3, lr=3e-3, warmup_steps=3, log_every=1, progress=False, seed=7, grad_accum=2)
+    base = {"out_dir": str(out), "epochs": 3, "lr": 3e-3, "warmup_steps": 3, "log_every": 1, "progress": False,
+            "seed": 7, "grad_accum": 2}
     return TrainConfig(**{**base, **kw})
 
 

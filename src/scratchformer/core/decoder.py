@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.core.checks import check_features
+from scratchformer.core.encoder import residual
 from scratchformer.core.feedforward import PositionwiseFeedForward
 from scratchformer.core.layer_norm import LayerNorm
 from scratchformer.core.masks import expand_attention_mask, fold_causal
@@ -25,7 +26,8 @@ __all__ = ["Decoder", "DecoderLayer"]
 
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over memory, feed-forward; each with dropout, a
-    residual and a LayerNorm. Arguments as :class:`~scratchformer.core.encoder.EncoderLayer`."""
+    residual and a LayerNorm (:func:`~scratchformer.core.encoder.residual`, as the encoder's).
+    Arguments as :class:`~scratchformer.core.encoder.EncoderLayer`."""
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, activation: str = "relu",
                  norm_first: bool = False, layer_norm_eps: float = 1e-5, bias: bool = True,
@@ -52,22 +54,16 @@ class DecoderLayer(nn.Module):
                           cache=None if cache is None else cache.self_attn)
         cross_masks = dict(key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask,
                            cache=None if cache is None else cache.cross_attn)
-        if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), self_masks)
-            x = x + self._mha_block(self.norm2(x), memory, cross_masks)
-            return x + self._ff_block(self.norm3(x))
-        x = self.norm1(x + self._sa_block(x, self_masks))
-        x = self.norm2(x + self._mha_block(x, memory, cross_masks))
-        return self.norm3(x + self._ff_block(x))
 
-    def _sa_block(self, x: Tensor, masks: dict[str, Any]) -> Tensor:
-        return self.dropout1(self.self_attn(x, **masks)[0])
+        def self_attention(y: Tensor) -> Tensor:
+            return self.self_attn(y, **self_masks)[0]
 
-    def _mha_block(self, x: Tensor, memory: Tensor | None, masks: dict[str, Any]) -> Tensor:
-        return self.dropout2(self.cross_attn(x, memory, static_kv=True, **masks)[0])
+        def cross_attention(y: Tensor) -> Tensor:  # queries from y, keys and values from the memory
+            return self.cross_attn(y, memory, static_kv=True, **cross_masks)[0]
 
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout3(self.feed_forward(x))
+        x = residual(x, self_attention, self.norm1, self.dropout1, self.norm_first)
+        x = residual(x, cross_attention, self.norm2, self.dropout2, self.norm_first)
+        return residual(x, self.feed_forward, self.norm3, self.dropout3, self.norm_first)
 
 
 class Decoder(nn.Module):

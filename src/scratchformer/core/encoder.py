@@ -4,12 +4,13 @@ self-attention and a position-wise feed-forward network.
 "We employ a residual connection around each of the two sub-layers, followed by layer
 normalization. That is, the output of each sub-layer is LayerNorm(x + Sublayer(x))" (post-LN).
 ``norm_first=True`` gives x + Sublayer(LayerNorm(x)) (pre-LN, Xiong et al. 2020), which trains
-without warm-up tricks; the stack then ends with a LayerNorm.
+without warm-up tricks; the stack then ends with a LayerNorm. :func:`residual` is that connection,
+written once: the decoder's layers wrap their three sub-layers in it too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from torch import Tensor, nn
 
@@ -19,7 +20,16 @@ from scratchformer.core.feedforward import PositionwiseFeedForward
 from scratchformer.core.layer_norm import LayerNorm
 from scratchformer.core.masks import expand_attention_mask
 
-__all__ = ["Encoder", "EncoderLayer"]
+__all__ = ["Encoder", "EncoderLayer", "residual"]
+
+
+def residual(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module,
+             norm_first: bool) -> Tensor:
+    """A sub-layer with its residual connection: LayerNorm(x + Dropout(Sublayer(x))) (post-LN, the
+    paper), or with ``norm_first`` x + Dropout(Sublayer(LayerNorm(x))) (pre-LN)."""
+    if norm_first:
+        return x + dropout(sublayer(norm(x)))
+    return norm(x + dropout(sublayer(x)))
 
 
 class EncoderLayer(nn.Module):
@@ -41,17 +51,11 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
         """x (B, S, D) -> (B, S, D); key_padding_mask (B, S) bool, True at real tokens; attn_mask
         (S, S), (B, S, S) or (B, H, S, S) bool, True = may attend."""
-        if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), key_padding_mask, attn_mask)
-            return x + self._ff_block(self.norm2(x))
-        x = self.norm1(x + self._sa_block(x, key_padding_mask, attn_mask))
-        return self.norm2(x + self._ff_block(x))
+        def self_attention(y: Tensor) -> Tensor:
+            return self.self_attn(y, key_padding_mask=key_padding_mask, attn_mask=attn_mask)[0]
 
-    def _sa_block(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)[0])
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.feed_forward(x))
+        x = residual(x, self_attention, self.norm1, self.dropout1, self.norm_first)
+        return residual(x, self.feed_forward, self.norm2, self.dropout2, self.norm_first)
 
 
 class Encoder(nn.Module):

@@ -18,14 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LabelledTexts", "default_data_dir", "load_hf_dataset", "load_labelled_texts", "load_texts", "open_text"]
+__all__ = ["DEFAULT_DATA_DIR", "LabelledTexts", "default_data_dir", "load_hf_dataset", "load_labelled_texts", "load_texts", "open_text"]
+
+
+DEFAULT_DATA_DIR = "../shared/data"  # the shared data directory, from the repository root: what ``{data}``
+# in a recipe path means unless --data-dir or $SCRATCHFORMER_DATA says otherwise
 
 
 def default_data_dir() -> Path:
-    """The shared data directory: $SCRATCHFORMER_DATA, else ../shared/data (from the repository root)."""
+    """The shared data directory: $SCRATCHFORMER_DATA, else :data:`DEFAULT_DATA_DIR` (../shared/data)."""
     import os
 
-    return Path(os.environ.get("SCRATCHFORMER_DATA", "../shared/data"))
+    return Path(os.environ.get("SCRATCHFORMER_DATA", DEFAULT_DATA_DIR))
 
 
 @dataclass

@@ -83,41 +83,72 @@ def beam_search(
         check_logits(logits, step)
         model_log_probs = torch.log_softmax(logits, dim=-1)
         log_probs = rules(model_log_probs, tokens, step, rows)  # (B*k, V)
-        V = log_probs.shape[-1]
-        candidates = (scores.view(-1, 1) + log_probs).view(B, k * V)
-        best, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (B, 2k)
-        top_scores, top_beam, top_token = best.tolist(), (top_index // V).tolist(), (top_index % V).tolist()
-        top_log_probs = (log_prob.view(-1, 1) + model_log_probs).view(B, k * V).gather(1, top_index).tolist()
-
-        keep_beam = torch.zeros(B, k, dtype=torch.long)
-        keep_token = torch.full((B, k), eos_id, dtype=torch.long)
-        new_scores, new_log_prob = torch.full((B, k), float("-inf")), torch.zeros(B, k)
-        for b in range(B):
-            if done[b]:
-                continue
-            live = 0
-            for rank, (score, beam, token, lp) in enumerate(zip(top_scores[b], top_beam[b], top_token[b],
-                                                                top_log_probs[b])):
-                if score == float("-inf") or live == k:
-                    break
-                if token == eos_id:
-                    if rank < k:  # only EOS among the k best extensions ends a hypothesis
-                        hyp = tokens[b * k + beam, 1:].tolist() + [eos_id]
-                        finished[b].append(Hypothesis(hyp, lp, score / len(hyp) ** length_penalty))
-                    continue
-                keep_beam[b, live], keep_token[b, live], new_scores[b, live] = beam, token, score
-                new_log_prob[b, live] = lp
-                live += 1
-            done[b] = live == 0
-            if len(finished[b]) >= k:  # stop when no live hypothesis can beat the k finished ones
-                finished[b].sort(key=lambda h: -h.score)
-                del finished[b][k:]
-                best_live = float(new_scores[b, 0]) / (step + 1) ** length_penalty
-                done[b] = done[b] or best_live <= finished[b][-1].score
+        ranked = _best_extensions(scores, log_prob, log_probs, model_log_probs, k)
+        keep_beam, keep_token, new_scores, new_log_prob = _next_beams(ranked, tokens, finished, done, eos_id,
+                                                                      length_penalty, step)
         if all(done):
             break
         index = (torch.arange(B)[:, None] * k + keep_beam).view(-1).to(device)
-        cache.reorder(index)
+        cache.reorder(index)  # each kept beam continues from the beam it extends
         tokens = torch.cat([tokens[index], keep_token.view(-1, 1).to(device)], dim=1)
         scores, log_prob = new_scores.to(device), new_log_prob.view(-1).to(device)
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+
+
+Extension = tuple[float, int, int, float]  # (score, beam, token, the model's log-probability) of a beam + a token
+
+
+def _best_extensions(scores: Tensor, log_prob: Tensor, log_probs: Tensor, model_log_probs: Tensor,
+                     k: int) -> list[list[Extension]]:
+    """The 2k best extensions of each sentence's k beams, best first: ``scores`` (B, k) of the beams
+    plus the rules' ``log_probs`` (B*k, V) of each next token rank them; ``log_prob`` (B*k,) plus
+    ``model_log_probs`` (B*k, V) is what the model gives them (reported)."""
+    B, V = scores.shape[0], log_probs.shape[-1]
+    candidates = (scores.view(-1, 1) + log_probs).view(B, k * V)
+    best, top_index = candidates.topk(min(2 * k, k * V), dim=1)  # (B, 2k)
+    top_scores, top_beam, top_token = best.tolist(), (top_index // V).tolist(), (top_index % V).tolist()
+    top_log_probs = (log_prob.view(-1, 1) + model_log_probs).view(B, k * V).gather(1, top_index).tolist()
+    return [list(zip(*row)) for row in zip(top_scores, top_beam, top_token, top_log_probs)]
+
+
+def _next_beams(ranked: list[list[Extension]], tokens: Tensor, finished: list[list[Hypothesis]], done: list[bool],
+                eos_id: int, length_penalty: float, step: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Every sentence not yet ``done`` takes its step (:func:`_advance`, which updates ``finished``
+    and ``done``). Returns the k beams each sentence keeps, as (B, k) tensors: the beam each extends,
+    its new token (EOS in an unused place), its score (-inf there) and its model log-probability."""
+    B, k = len(ranked), tokens.shape[0] // len(ranked)
+    keep_beam = torch.zeros(B, k, dtype=torch.long)
+    keep_token = torch.full((B, k), eos_id, dtype=torch.long)
+    new_scores, new_log_prob = torch.full((B, k), float("-inf")), torch.zeros(B, k)
+    for b in range(B):
+        if done[b]:
+            continue
+        live, done[b] = _advance(ranked[b], tokens[b * k : (b + 1) * k], finished[b], k, eos_id, length_penalty, step)
+        for i, (beam, token, score, lp) in enumerate(live):
+            keep_beam[b, i], keep_token[b, i], new_scores[b, i], new_log_prob[b, i] = beam, token, score, lp
+    return keep_beam, keep_token, new_scores, new_log_prob
+
+
+def _advance(ranked: list[Extension], beams: Tensor, finished: list[Hypothesis], k: int, eos_id: int,
+             length_penalty: float, step: int) -> tuple[list[tuple[int, int, float, float]], bool]:
+    """One sentence's step: its ``ranked`` extensions, best first, of its k ``beams`` (k, t) tokens.
+    An extension ending in EOS among the top k joins ``finished``; the best k others stay live.
+    Returns the live ones, (beam, token, score, log_prob), and whether the sentence is done: no live
+    extension, or k finished hypotheses none of the live ones can beat."""
+    live: list[tuple[int, int, float, float]] = []
+    for rank, (score, beam, token, lp) in enumerate(ranked):
+        if score == float("-inf") or len(live) == k:
+            break
+        if token == eos_id:
+            if rank < k:  # only EOS among the k best extensions ends a hypothesis
+                hyp = beams[beam, 1:].tolist() + [eos_id]
+                finished.append(Hypothesis(hyp, lp, score / len(hyp) ** length_penalty))
+            continue
+        live.append((beam, token, score, lp))
+    done = not live
+    if len(finished) >= k:  # stop when no live hypothesis can beat the k finished ones
+        finished.sort(key=lambda h: -h.score)
+        del finished[k:]
+        best_live = (live[0][2] if live else float("-inf")) / (step + 1) ** length_penalty
+        done = done or best_live <= finished[-1].score
+    return live, done

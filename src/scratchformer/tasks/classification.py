@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,23 +20,29 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from scratchformer.data.batching import length_bucketed_batches
+from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR, LabelledTexts, load_labelled_texts
+from scratchformer.data.tokenization import (
+    TRUNCATIONS,
+    TextTokenizer,
+    read_tokenizer,
+    save_hf_tokenizer,
+    train_wordpiece,
+)
+from scratchformer.fast import optimize
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
-from scratchformer.data.labelled_texts import LabelledTexts, load_labelled_texts
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.data.tokenization import (TRUNCATIONS, TextTokenizer, read_tokenizer, save_hf_tokenizer,
-                                             train_wordpiece)
 from scratchformer.models.hf_files import write_export
+from scratchformer.models.pooling import POOLING_MODES
 from scratchformer.models.pretrained import bert_export
-from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
+from scratchformer.tasks.common import TrainingRun, check_batch, check_files, check_model_fields, check_range
+from scratchformer.training import TrainConfig, distributed, resolve_device
 from scratchformer.training.checkpoint import load_checked, load_config, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
-from scratchformer.fast import optimize
-from scratchformer.models.pooling import POOLING_MODES
-from scratchformer.tasks.common import check_batch, check_files, check_model_fields, check_range
 
 __all__ = [
     "ClassificationTask",
     "ClassifierRecipe",
+    "ClassifierRun",
     "LoadedClassifier",
     "classification_metrics",
     "load_classifier",
@@ -194,7 +198,98 @@ class ClassifierRecipe(Recipe):
                                pad_id=0)
 
 
-def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
+class ClassifierRun(TrainingRun):
+    """:func:`train_classifier`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the labelled
+    texts, a tokenizer and a TextClassifier (new, or on a pretrained encoder); then the chosen
+    checkpoint (best, or the average of the last ``average_last``) on the test file."""
+
+    def __init__(self, recipe: ClassifierRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False):
+        super().__init__(recipe, data_dir, resume)
+        self.average_last = recipe.average_last
+
+    def check(self) -> None:
+        c = self.recipe
+        if c.pretrained and not (Path(c.pretrained) / "config.json").is_file():
+            raise FileNotFoundError(f"pretrained: no checkpoint directory at {c.pretrained} (config.json, model.safetensors, "
+                                    "tokenizer.json); give --pretrained DIR")
+
+        def check_inputs() -> None:  # rank 0 reads them all
+            check_files(self.data_dir, train_file=c.train_file, valid_file=c.valid_file, test_file=c.test_file)
+            # a resumed run reads its own tokenizer
+            check_files(self.data_dir, "tokenizer", tokenizer=None if self.resume else c.tokenizer)
+
+        distributed.on_main(check_inputs)
+
+    def load(self, path: str | None, label_names: list[str] | None) -> LabelledTexts:
+        c = self.recipe
+        return load_labelled_texts(resolve_data_path(path, self.data_dir), c.text_field, c.label_field,  # type: ignore[arg-type]
+                                   label_names)
+
+    def setup(self) -> tuple[TextClassifier, ClassificationTask, dict[str, Any]]:
+        c = self.recipe
+        full = self.load(c.train_file, c.label_names)
+        self.label_names = full.label_names
+        train, valid = self.split(full)
+        model, tokenizer = self.pretrained_classifier() if c.pretrained else self.new_classifier(train)
+        task = ClassificationTask(tokenizer, train, valid, model.config, c.batch_size)
+        return model, task, {"parameters": model.num_parameters(), "train_examples": len(train),
+                             "valid_examples": len(valid), "skipped": full.skipped, "seconds_prepare": self.seconds()}
+
+    def split(self, full: LabelledTexts) -> tuple[LabelledTexts, LabelledTexts]:
+        """Training and validation texts: the valid_file's, or ``valid_size`` held out of the training file."""
+        c = self.recipe
+        if c.valid_file:
+            return full, self.load(c.valid_file, full.label_names)
+        if len(full) <= c.valid_size:
+            raise ValueError(f"valid_size={c.valid_size} leaves no training text out of {len(full)}")
+        perm = torch.randperm(len(full), generator=torch.Generator().manual_seed(c.train.seed)).tolist()
+        return full.subset(perm[c.valid_size :]), full.subset(perm[: c.valid_size])
+
+    def pretrained_classifier(self) -> tuple[TextClassifier, TextTokenizer]:
+        """A class head on the pretrained encoder, with the encoder's tokenizer."""
+        c = self.recipe
+        model = TextClassifier.from_pretrained_encoder(c.pretrained, len(self.label_names), c.pooling, c.head_dropout,
+                                                       **c.model)
+        tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
+                                            truncation=c.truncation, head_length=c.head_length)
+        optimize(model)
+        return model, tokenizer
+
+    def new_classifier(self, train: LabelledTexts) -> tuple[TextClassifier, TextTokenizer]:
+        """A new classifier, with WordPiece trained on the training texts (or the recipe's tokenizer file)."""
+        c, resume = self.recipe, self.resume
+
+        # WordPiece training is not deterministic across processes (docs/guides/training.md): every rank takes rank 0's,
+        # and a resumed run the one its weights were trained with.
+        def wordpiece() -> Tokenizer:  # on rank 0 (the checkpoints are its files), sent to the others
+            if resume:
+                saved = resolve_checkpoint(self.out / "last")
+                labels = load_config(saved).get("labels")
+                if labels != self.label_names:
+                    raise ValueError(f"--resume: {saved} was trained with labels {labels}, "
+                                     f"the data now gives {self.label_names}")
+                return read_tokenizer(saved / "tokenizer.json")
+            given = resolve_data_path(c.tokenizer, self.data_dir)
+            return read_tokenizer(given) if given else train_wordpiece(train.texts, c.vocab_size, c.lowercase)
+
+        tokenizer = TextTokenizer(distributed.on_main(wordpiece), c.max_length, truncation=c.truncation,
+                                  head_length=c.head_length)
+        encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,
+                                   "pad_id": tokenizer.pad_id})
+        config = ClassifierConfig(encoder, len(self.label_names), c.pooling, c.head_dropout)
+        return self.new_model(lambda: TextClassifier(config)), tokenizer
+
+    def finish(self, report: dict[str, Any]) -> None:
+        c = self.recipe
+        chosen = self.choose_checkpoint(report)
+        if c.test_file:
+            best = load_classifier(chosen, device=c.train.device)
+            test = self.load(c.test_file, self.label_names)
+            report["test"] = best.evaluate(test, precision=c.train.precision)
+            report["test_skipped"] = test.skipped
+
+
+def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False) -> dict[str, Any]:
     """Run a recipe: tokenizer, model, training, then the best checkpoint on the test file.
 
     Returns (and writes to ``out_dir/report.json``) sizes, timings, validation and test metrics.
@@ -202,84 +297,7 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = "../shared
     others, all train, then rank 0 alone averages, tests and writes the report (the other ranks
     return theirs without the test results).
     """
-    start = time.perf_counter()
-    c = recipe
-    distributed.init(c.train.device)
-    check_run(c.train, resume)  # device, precision, output directory: before any data work
-    if c.pretrained and not (Path(c.pretrained) / "config.json").is_file():
-        raise FileNotFoundError(f"pretrained: no checkpoint directory at {c.pretrained} (config.json, model.safetensors, "
-                                "tokenizer.json); give --pretrained DIR")
-
-    def check_inputs() -> None:  # rank 0 reads them all
-        check_files(data_dir, train_file=c.train_file, valid_file=c.valid_file, test_file=c.test_file)
-        check_files(data_dir, "tokenizer", tokenizer=None if resume else c.tokenizer)  # a resumed run reads its own
-
-    distributed.on_main(check_inputs)
-    load = lambda p, names=c.label_names: load_labelled_texts(  # noqa: E731
-        resolve_data_path(p, data_dir), c.text_field, c.label_field, names  # type: ignore[arg-type]
-    )
-    full = load(c.train_file)
-    if c.valid_file:
-        train, valid = full, load(c.valid_file, full.label_names)
-    elif len(full) <= c.valid_size:
-        raise ValueError(f"valid_size={c.valid_size} leaves no training text out of {len(full)}")
-    else:
-        perm = torch.randperm(len(full), generator=torch.Generator().manual_seed(c.train.seed)).tolist()
-        train, valid = full.subset(perm[c.valid_size :]), full.subset(perm[: c.valid_size])
-
-    if c.pretrained:
-        model = TextClassifier.from_pretrained_encoder(c.pretrained, len(full.label_names), c.pooling, c.head_dropout,
-                                                       **c.model)
-        tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
-                                            truncation=c.truncation, head_length=c.head_length)
-    else:
-        # WordPiece training is not deterministic across processes (docs/guides/training.md): every rank takes rank 0's,
-        # and a resumed run the one its weights were trained with.
-        def wordpiece() -> Tokenizer:  # on rank 0 (the checkpoints are its files), sent to the others
-            if resume:
-                saved = resolve_checkpoint(Path(c.train.out_dir) / "last")
-                labels = load_config(saved).get("labels")
-                if labels != full.label_names:
-                    raise ValueError(f"--resume: {saved} was trained with labels {labels}, "
-                                     f"the data now gives {full.label_names}")
-                return read_tokenizer(saved / "tokenizer.json")
-            given = resolve_data_path(c.tokenizer, data_dir)
-            return read_tokenizer(given) if given else train_wordpiece(train.texts, c.vocab_size, c.lowercase)
-
-        tokenizer = TextTokenizer(distributed.on_main(wordpiece), c.max_length, truncation=c.truncation,
-                                  head_length=c.head_length)
-        encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,
-                                   "pad_id": tokenizer.pad_id})
-        torch.manual_seed(c.train.seed)
-        model = TextClassifier(ClassifierConfig(encoder, len(full.label_names), c.pooling, c.head_dropout))
-    optimize(model)
-    task = ClassificationTask(tokenizer, train, valid, model.config, c.batch_size)
-    prepared = time.perf_counter() - start
-
-    if c.average_last > c.train.keep_checkpoints:
-        c.train.keep_checkpoints = c.average_last
-    trainer = Trainer(model, task, c.train)
-    result = trainer.fit(resume=resume)
-    out = Path(c.train.out_dir)
-    report: dict[str, Any] = {
-        "parameters": model.num_parameters(),
-        "train_examples": len(train), "valid_examples": len(valid), "skipped": full.skipped,
-        "seconds_prepare": prepared, "seconds_train": result.seconds, "best_valid": result.best,
-    }
-    if not distributed.is_main():
-        return report
-    chosen = "best"
-    if c.average_last > 1:
-        chosen, report["averaged_valid"] = trainer.average_last(c.average_last, result.best)
-    report["test_checkpoint"] = chosen
-    if c.test_file:
-        best = load_classifier(out / chosen, device=c.train.device)
-        test = load(c.test_file, full.label_names)
-        report["test"] = best.evaluate(test, precision=c.train.precision)
-        report["test_skipped"] = test.skipped
-    report["seconds_total"] = time.perf_counter() - start
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    return report
+    return ClassifierRun(recipe, data_dir, resume).run()
 
 
 class LoadedClassifier:

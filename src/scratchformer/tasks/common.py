@@ -1,24 +1,116 @@
-"""What more than one task uses: the label-smoothed loss of sequence training, id padding, the
-checks of recipe sections, and what generation returns.
+"""What more than one task uses: the run every training task follows (:class:`TrainingRun`), the
+label-smoothed loss of sequence training, id padding, the checks of recipe sections, and what
+generation returns.
 (A task never imports another task; what two share lives here or lower.)"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, get_type_hints
+from typing import Any, TypedDict, TypeVar, get_type_hints
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
+from scratchformer.fast import optimize
+from scratchformer.training import Trainer, TrainingTask, TrainResult, check_run, distributed
 from scratchformer.training.recipe import resolve_data_path
 
-__all__ = ["Generated", "check_batch", "check_decoding", "check_files", "check_model_fields", "check_range", "label_smoothed_loss", "pad_ids"]
+__all__ = ["Generated", "TrainingRun", "check_batch", "check_decoding", "check_files", "check_model_fields",
+           "check_range", "label_smoothed_loss", "pad_ids", "stopped_early"]
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class TrainingRun:
+    """One run of a training recipe: the skeleton that ``train_classifier``, ``train_translation``,
+    ``train_captioner`` and ``pretrain_mlm`` share. :meth:`run` goes through it in order::
+
+        check_run     the device, the precision, the output directory (before any data work)
+        check()       hook: the task's inputs exist (its files, a pretrained checkpoint)
+        setup()       hook: data, tokenizer, model (new_model: seeded), the TrainingTask;
+                      the report's first entries
+        train()       the Trainer fits the task: the report's seconds_train, best_valid
+        -- rank 0 alone from here; the other ranks return their report --
+        finish()      hook: test the chosen checkpoint (choose_checkpoint) or export it
+        report.json   the report, with seconds_total, written to out_dir
+
+    A task subclasses it with its hooks, and its ``train_*`` function is
+    ``TaskRun(recipe, data_dir, resume).run()``. Under torchrun every process runs it.
+    """
+
+    average_last = 0  # the chosen checkpoint may be the average of the last N snapshots (0, 1: off)
+
+    def __init__(self, recipe: Any, data_dir: str | Path, resume: bool = False) -> None:
+        self.start = time.perf_counter()
+        self.recipe, self.data_dir, self.resume = recipe, data_dir, resume
+        self.config = recipe.train  # the recipe's TrainConfig
+        self.out = Path(self.config.out_dir)
+
+    def run(self) -> dict[str, Any]:
+        """The run, start to end; returns the report (also written to ``out_dir/report.json``)."""
+        distributed.init(self.config.device)
+        check_run(self.config, self.resume)  # device, precision, output directory: before any data work
+        self.check()
+        model, task, report = self.setup()
+        report.update(self.train(model, task))
+        if not distributed.is_main():
+            return report
+        self.finish(report)
+        report["seconds_total"] = self.seconds()
+        (self.out / "report.json").write_text(json.dumps(report, indent=2))
+        return report
+
+    def check(self) -> None:
+        """Hook: check the task's inputs before any data work (none by default)."""
+
+    def setup(self) -> tuple[nn.Module, TrainingTask, dict[str, Any]]:
+        """Hook: the model, the training task, and the report's first entries (sizes, timings)."""
+        raise NotImplementedError
+
+    def finish(self, report: dict[str, Any]) -> None:
+        """Hook, on rank 0 after training: test the chosen checkpoint (or export it) into ``report``."""
+
+    def seconds(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.start
+
+    def new_model(self, build: Callable[[], M]) -> M:
+        """``build()`` the model from the recipe's seed (every rank starts from the same weights), its
+        modules switched to their fast versions (:func:`~scratchformer.fast.optimize`)."""
+        torch.manual_seed(self.config.seed)
+        model = build()
+        optimize(model)
+        return model
+
+    def train(self, model: nn.Module, task: TrainingTask) -> dict[str, Any]:
+        """Fit ``task`` (keeping ``average_last`` snapshots to average); the report's training entries."""
+        self.config.keep_checkpoints = max(self.config.keep_checkpoints, self.average_last)
+        self.trainer = Trainer(model, task, self.config)
+        self.result = self.trainer.fit(resume=self.resume)
+        return {"seconds_train": self.result.seconds, "best_valid": self.result.best, **stopped_early(self.result)}
+
+    def choose_checkpoint(self, report: dict[str, Any]) -> Path:
+        """The checkpoint to test: ``best``, or ``averaged`` (the mean of the last ``average_last``
+        snapshots) where that is at least as good on validation; recorded in ``report``."""
+        chosen = "best"
+        if self.average_last > 1:
+            chosen, report["averaged_valid"] = self.trainer.average_last(self.average_last, self.result.best)
+        report["test_checkpoint"] = chosen
+        return self.out / chosen
+
+
+def stopped_early(result: TrainResult) -> dict[str, Any]:
+    """``{"stopped_early": ...}`` for the report where the Trainer stopped the run early, else ``{}``."""
+    value = getattr(result, "stopped_early", None)
+    return {"stopped_early": value} if value else {}
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> Tensor:

@@ -16,10 +16,8 @@ across runs with the same ``max_length`` and ``max_tokens`` (which decide the ba
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,20 +28,19 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from scratchformer.data.batching import length_bucketed_batches
-from scratchformer.data.labelled_texts import load_texts
+from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR, load_texts
 from scratchformer.data.masking import IGNORE, check_masking, continuation_table, mask_tokens
 from scratchformer.data.tokenization import SPECIAL_TOKENS, read_tokenizer, save_hf_tokenizer, train_wordpiece
-from scratchformer.fast import optimize
 from scratchformer.models.contextual import EncoderConfig
 from scratchformer.models.hf_files import write_export
 from scratchformer.models.masked_lm import MaskedLanguageModel
 from scratchformer.models.pretrained import bert_problems, masked_lm_export
-from scratchformer.tasks.common import check_model_fields, check_range
-from scratchformer.training import TrainConfig, Trainer, check_run, distributed
+from scratchformer.tasks.common import TrainingRun, check_model_fields, check_range
+from scratchformer.training import TrainConfig, distributed
 from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
-__all__ = ["MLMRecipe", "MaskedLMTask", "Sequences", "export_masked_lm", "load_masked_lm", "pretrain_mlm"]
+__all__ = ["MLMRecipe", "MLMRun", "MaskedLMTask", "Sequences", "export_masked_lm", "load_masked_lm", "pretrain_mlm"]
 
 BERT_MODEL = {"activation": "gelu", "norm_first": False, "positional": "learned", "embedding_norm": True,
               "scale_embedding": False, "layer_norm_eps": 1e-12}  # the model section's defaults: BERT's choices
@@ -202,60 +199,58 @@ class MLMRecipe(Recipe):
         return {**BERT_MODEL, "max_len": self.max_length, **self.model}
 
 
-def pretrain_mlm(recipe: MLMRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
+class MLMRun(TrainingRun):
+    """:func:`pretrain_mlm`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the texts (a
+    held-out slice for the masked-token metrics), WordPiece and a MaskedLanguageModel; then the best
+    checkpoint exported as a BERT directory, ``out_dir/encoder``."""
+
+    def check(self) -> None:
+        c = self.recipe
+        self.paths = [Path(resolve_data_path(path, self.data_dir)) for path in c.train_files]  # type: ignore[arg-type]
+        missing = [str(path) for path in self.paths if not path.is_file()]
+        if missing:
+            raise FileNotFoundError(f"train_files not found: {', '.join(missing)}")
+        given = resolve_data_path(c.tokenizer, self.data_dir)
+        self.given_tokenizer = _check_tokenizer(read_tokenizer(given), given) if given and not self.resume else None
+
+    def setup(self) -> tuple[MaskedLanguageModel, MaskedLMTask, dict[str, Any]]:
+        c = self.recipe
+        texts = [t for path in self.paths for t in load_texts(path, c.text_field)]
+        if len(texts) <= c.valid_size:
+            raise ValueError(f"valid_size={c.valid_size} leaves no training text out of {len(texts)}")
+        order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(c.train.seed)).tolist()
+        valid_texts = [texts[i] for i in order[: c.valid_size]]
+        train_texts = [texts[i] for i in order[c.valid_size :]]
+
+        def wordpiece() -> Tokenizer:  # rank 0's, sent to the others (training it is not deterministic)
+            if self.resume:
+                return read_tokenizer(resolve_checkpoint(self.out / "last") / "tokenizer.json")
+            if self.given_tokenizer is not None:
+                return self.given_tokenizer
+            return train_wordpiece(train_texts, c.vocab_size, c.lowercase)
+
+        tokenizer = _check_tokenizer(distributed.on_main(wordpiece), "the tokenizer")
+        train, valid = Sequences(tokenizer, train_texts, c.max_length), Sequences(tokenizer, valid_texts, c.max_length)
+        config = EncoderConfig(**c.model_fields(), vocab_size=tokenizer.get_vocab_size(), pad_id=tokenizer.token_to_id("[PAD]"))
+        model = self.new_model(lambda: MaskedLanguageModel(config))
+        task = MaskedLMTask(tokenizer, train, valid, config, c)
+        return model, task, {"parameters": model.num_parameters(), "texts": len(texts), "train_sequences": len(train),
+                             "train_tokens": int(sum(train.lengths)), "valid_sequences": len(valid),
+                             "seconds_prepare": self.seconds()}
+
+    def finish(self, report: dict[str, Any]) -> None:
+        export = self.out / "encoder"
+        if export.exists():  # this run's own output (check_run refused an earlier run's); a resumed run writes it again
+            shutil.rmtree(export)
+        export_masked_lm(self.out / "best", export)
+        report["export"] = str(export)
+
+
+def pretrain_mlm(recipe: MLMRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False) -> dict[str, Any]:
     """Run a recipe: read the texts, train WordPiece on them, pretrain, and export the best
     checkpoint as a BERT directory (``out_dir/encoder``). Returns (and writes to ``out_dir/report.json``)
     sizes, timings and the held-out masked-token metrics."""
-    start = time.perf_counter()
-    c = recipe
-    distributed.init(c.train.device)
-    check_run(c.train, resume)
-    paths = [Path(resolve_data_path(path, data_dir)) for path in c.train_files]  # type: ignore[arg-type]
-    missing = [str(path) for path in paths if not path.is_file()]
-    if missing:
-        raise FileNotFoundError(f"train_files not found: {', '.join(missing)}")
-    given = resolve_data_path(c.tokenizer, data_dir)
-    given_tokenizer = _check_tokenizer(read_tokenizer(given), given) if given and not resume else None
-    texts = [t for path in paths for t in load_texts(path, c.text_field)]
-    if len(texts) <= c.valid_size:
-        raise ValueError(f"valid_size={c.valid_size} leaves no training text out of {len(texts)}")
-    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(c.train.seed)).tolist()
-    valid_texts = [texts[i] for i in order[: c.valid_size]]
-    train_texts = [texts[i] for i in order[c.valid_size :]]
-
-    def wordpiece() -> Tokenizer:  # rank 0's, sent to the others (training it is not deterministic)
-        if resume:
-            return read_tokenizer(resolve_checkpoint(Path(c.train.out_dir) / "last") / "tokenizer.json")
-        if given_tokenizer is not None:
-            return given_tokenizer
-        return train_wordpiece(train_texts, c.vocab_size, c.lowercase)
-
-    tokenizer = _check_tokenizer(distributed.on_main(wordpiece), "the tokenizer")
-    train, valid = Sequences(tokenizer, train_texts, c.max_length), Sequences(tokenizer, valid_texts, c.max_length)
-    config = EncoderConfig(**c.model_fields(), vocab_size=tokenizer.get_vocab_size(), pad_id=tokenizer.token_to_id("[PAD]"))
-    torch.manual_seed(c.train.seed)
-    model = optimize(MaskedLanguageModel(config))
-    task = MaskedLMTask(tokenizer, train, valid, config, c)
-    prepared = time.perf_counter() - start
-
-    trainer = Trainer(model, task, c.train)
-    result = trainer.fit(resume=resume)
-    report: dict[str, Any] = {
-        "parameters": model.num_parameters(), "texts": len(texts), "train_sequences": len(train),
-        "train_tokens": int(sum(train.lengths)), "valid_sequences": len(valid), "seconds_prepare": prepared,
-        "seconds_train": result.seconds, "best_valid": result.best,
-    }
-    if not distributed.is_main():
-        return report
-    out = Path(c.train.out_dir)
-    export = out / "encoder"
-    if export.exists():  # this run's own output (check_run refused an earlier run's); a resumed run writes it again
-        shutil.rmtree(export)
-    export_masked_lm(out / "best", export)
-    report["export"] = str(export)
-    report["seconds_total"] = time.perf_counter() - start
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    return report
+    return MLMRun(recipe, data_dir, resume).run()
 
 
 def _check_tokenizer(tokenizer: Tokenizer, name: str | Path) -> Tokenizer:

@@ -23,21 +23,33 @@ from torch.nn import functional as F
 
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.batching import length_bucketed_batches
-from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
+from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR
 from scratchformer.data.marian_tokenizer import MarianTokenizer
+from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
 from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, save_hf_tokenizer, train_bpe
-from scratchformer.models.hf_files import write_export
-from scratchformer.models.marian import is_marian_dir, load_marian, marian_export
-from scratchformer.training import TrainConfig, Trainer, check_run, distributed, resolve_device
-from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint, update_config
-from scratchformer.training.recipe import Recipe, resolve_data_path
 from scratchformer.fast import optimize
 from scratchformer.generation import GenerationConfig, generate
-from scratchformer.tasks.common import Generated, check_batch, check_decoding, check_files, check_model_fields, check_range, label_smoothed_loss, pad_ids
+from scratchformer.models.hf_files import write_export
+from scratchformer.models.marian import is_marian_dir, load_marian, marian_export
+from scratchformer.tasks.common import (
+    Generated,
+    TrainingRun,
+    check_batch,
+    check_decoding,
+    check_files,
+    check_model_fields,
+    check_range,
+    label_smoothed_loss,
+    pad_ids,
+)
 from scratchformer.tools.attention_maps import plot_attention, record_attention
+from scratchformer.training import TrainConfig, distributed, resolve_device
+from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint, update_config
+from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
     "TranslationRecipe",
+    "TranslationRun",
     "TranslationTask",
     "Translator",
     "bleu_and_chrf",
@@ -253,76 +265,78 @@ class TranslationRecipe(Recipe):
             raise ValueError(f"max_length={self.max_length} tokens per side exceeds the model's max_len={max_len}")
 
 
-def train_translation(recipe: TranslationRecipe, data_dir: str | Path = "../shared/data", resume: bool = False) -> dict[str, Any]:
+class TranslationRun(TrainingRun):
+    """:func:`train_translation`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the parallel
+    texts, a joint BPE and a Transformer; then the chosen checkpoint (best, or the average of the last
+    ``average_last``), its decoding chosen on the validation set (``decoding_grid``), on the test set."""
+
+    def __init__(self, recipe: TranslationRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False):
+        super().__init__(recipe, data_dir, resume)
+        self.average_last = recipe.average_last
+
+    def check(self) -> None:
+        r = self.recipe
+
+        def check_inputs() -> None:  # rank 0 reads them all
+            check_files(self.data_dir, train_source=r.train_source, train_target=r.train_target,
+                        valid_source=r.valid_source, valid_target=r.valid_target, test_source=r.test_source,
+                        test_target=r.test_target)
+            # a resumed run reads its own tokenizer
+            check_files(self.data_dir, "tokenizer", tokenizer=None if self.resume else r.tokenizer)
+
+        distributed.on_main(check_inputs)
+
+    def load_pair(self, source: str | None, target: str | None) -> ParallelTexts:
+        return load_parallel_texts(resolve_data_path(source, self.data_dir), resolve_data_path(target, self.data_dir))  # type: ignore[arg-type]
+
+    def setup(self) -> tuple[Transformer, TranslationTask, dict[str, Any]]:
+        r = self.recipe
+        train, self.valid = self.load_pair(r.train_source, r.train_target), self.load_pair(r.valid_source, r.valid_target)
+
+        def bpe() -> Tokenizer:  # on rank 0 (the checkpoints are its files); one BPE for all ranks
+            given = (resolve_checkpoint(self.out / "last") / "tokenizer.json" if self.resume  # its own BPE
+                     else resolve_data_path(r.tokenizer, self.data_dir))
+            if not given:
+                return train_bpe(train.sources + train.targets, r.vocab_size)
+            tokenizer = read_tokenizer(given)
+            check_tokenizer(tokenizer, given)
+            return tokenizer
+
+        tokenizer = distributed.on_main(bpe)
+        config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
+                                      "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
+        model = self.new_model(lambda: Transformer(config))
+        task = TranslationTask(tokenizer, train, self.valid, config, r.max_tokens, r.label_smoothing, r.max_length,
+                               r.decoding)
+        return model, task, {"parameters": model.num_parameters(), "train_pairs": len(task.src),
+                             "filtered_long": task.filtered, "skipped": train.skipped}
+
+    def finish(self, report: dict[str, Any]) -> None:
+        r, chosen = self.recipe, self.choose_checkpoint(report)
+        translator = load_translator(chosen, device=r.train.device)
+        if r.decoding_grid:  # on the validation set only; the winner becomes the checkpoint's decoding
+            t0 = time.perf_counter()
+            translator.decoding, report["decoding_search"] = choose_decoding(translator, self.valid.sources,
+                                                                             self.valid.targets, r.decoding_grid)
+            report["decoding"] = translator.decoding
+            update_config(chosen, decoding=translator.decoding)
+            report["seconds_decoding_search"] = time.perf_counter() - t0
+        if r.test_source and r.test_target:
+            test = self.load_pair(r.test_source, r.test_target)
+            t0 = time.perf_counter()
+            scores = translator.evaluate(test.sources, test.targets)
+            report["test"] = {k: v for k, v in scores.items() if k != "hypotheses"}
+            report["seconds_test_decoding"] = time.perf_counter() - t0
+            (self.out / "test_hypotheses.txt").write_text("\n".join(scores["hypotheses"]) + "\n")
+
+
+def train_translation(recipe: TranslationRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False) -> dict[str, Any]:
     """Run a recipe: BPE, model, training; then the best (or averaged) model on the test set, with beam search.
 
     Under torchrun every process runs this: rank 0 trains the BPE and sends it to the others, all
     train, then rank 0 alone averages, tests and writes the report.
     """
-    start = time.perf_counter()
-    r = recipe
-    distributed.init(r.train.device)
-    check_run(r.train, resume)  # device, precision, output directory: before any data work
-
-    def check_inputs() -> None:  # rank 0 reads them all
-        check_files(data_dir, train_source=r.train_source, train_target=r.train_target, valid_source=r.valid_source,
-                    valid_target=r.valid_target, test_source=r.test_source, test_target=r.test_target)
-        check_files(data_dir, "tokenizer", tokenizer=None if resume else r.tokenizer)  # a resumed run reads its own
-
-    distributed.on_main(check_inputs)
-
-    def load_pair(source: str | None, target: str | None) -> ParallelTexts:
-        return load_parallel_texts(resolve_data_path(source, data_dir), resolve_data_path(target, data_dir))  # type: ignore[arg-type]
-
-    train, valid = load_pair(r.train_source, r.train_target), load_pair(r.valid_source, r.valid_target)
-    def bpe() -> Tokenizer:  # on rank 0 (the checkpoints are its files); one BPE for all ranks
-        given = (resolve_checkpoint(Path(r.train.out_dir) / "last") / "tokenizer.json" if resume  # its own BPE
-                 else resolve_data_path(r.tokenizer, data_dir))
-        if not given:
-            return train_bpe(train.sources + train.targets, r.vocab_size)
-        tokenizer = read_tokenizer(given)
-        check_tokenizer(tokenizer, given)
-        return tokenizer
-
-    tokenizer = distributed.on_main(bpe)
-    config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
-                                  "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
-    torch.manual_seed(r.train.seed)
-    model = optimize(Transformer(config))
-    task = TranslationTask(tokenizer, train, valid, config, r.max_tokens, r.label_smoothing, r.max_length, r.decoding)
-    if r.average_last > r.train.keep_checkpoints:
-        r.train.keep_checkpoints = r.average_last
-    trainer = Trainer(model, task, r.train)
-    result = trainer.fit(resume=resume)
-    out = Path(r.train.out_dir)
-    report: dict[str, Any] = {
-        "parameters": model.num_parameters(), "train_pairs": len(task.src), "filtered_long": task.filtered,
-        "skipped": train.skipped, "seconds_train": result.seconds, "best_valid": result.best,
-    }
-    if not distributed.is_main():
-        return report
-    chosen = "best"
-    if r.average_last > 1:
-        chosen, report["averaged_valid"] = trainer.average_last(r.average_last, result.best)
-    report["test_checkpoint"] = chosen
-    translator = load_translator(out / chosen, device=r.train.device)
-    if r.decoding_grid:  # on the validation set only; the winner becomes the checkpoint's decoding
-        t0 = time.perf_counter()
-        translator.decoding, report["decoding_search"] = choose_decoding(translator, valid.sources, valid.targets,
-                                                                         r.decoding_grid)
-        report["decoding"] = translator.decoding
-        update_config(out / chosen, decoding=translator.decoding)
-        report["seconds_decoding_search"] = time.perf_counter() - t0
-    if r.test_source and r.test_target:
-        test = load_pair(r.test_source, r.test_target)
-        t0 = time.perf_counter()
-        scores = translator.evaluate(test.sources, test.targets)
-        report["test"] = {k: v for k, v in scores.items() if k != "hypotheses"}
-        report["seconds_test_decoding"] = time.perf_counter() - t0
-        (out / "test_hypotheses.txt").write_text("\n".join(scores["hypotheses"]) + "\n")
-    report["seconds_total"] = time.perf_counter() - start
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    return report
+    return TranslationRun(recipe, data_dir, resume).run()
 
 
 def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

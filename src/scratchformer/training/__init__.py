@@ -2,9 +2,11 @@
 
 from scratchformer.training import distributed
 from scratchformer.training.checkpoint import load_config, load_training_state, load_weights, save_checkpoint
+from scratchformer.training.config import TrainConfig
 from scratchformer.training.metrics import MetricsLog, plot_curves
+from scratchformer.training.run_checks import check_run, resolve_device
 from scratchformer.training.schedule import lr_multiplier
-from scratchformer.training.trainer import TrainConfig, Trainer, TrainingTask, TrainResult, check_run, resolve_device
+from scratchformer.training.trainer import Trainer, TrainingTask, TrainResult
 
 __all__ = [
     "MetricsLog",

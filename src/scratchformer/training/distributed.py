@@ -16,6 +16,7 @@ result every rank needs (:func:`on_main`: evaluation, tokenizer training), broad
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
     "World",
@@ -37,6 +40,7 @@ __all__ = [
     "on_main",
     "shard",
     "world",
+    "wrap",
 ]
 
 T = TypeVar("T")
@@ -216,3 +220,24 @@ def shard(batches: list[T], rank: int, size: int) -> list[T]:
     if len(batches) < size:
         raise ValueError(f"{len(batches)} micro-batches cannot be shared by {size} processes (each needs one)")
     return batches[rank : len(batches) - len(batches) % size : size]
+
+
+def wrap(model: nn.Module, device: torch.device, find_unused_parameters: bool = False) -> nn.Module:
+    """The module the training steps call: ``DistributedDataParallel(model)`` under torchrun,
+    ``model`` itself in one process.
+
+    DDP copies rank 0's parameters to every rank here. Buffers are not broadcast at every
+    forward: our models' buffers are fixed tables (positional encodings), never statistics.
+    """
+    if not world().distributed:
+        return model
+    no_buffer_sync: dict[str, Any] = (  # newer PyTorch renamed broadcast_buffers
+        {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else {"broadcast_buffers": False}
+    )
+    return DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=find_unused_parameters,
+        **no_buffer_sync,
+    )

@@ -1,0 +1,157 @@
+"""The commands around the models: the ``demo``, image ``features``, rendered ``shapes`` scenes,
+``export`` to the Hugging Face format and a translation's ``attention`` maps."""
+
+from __future__ import annotations
+
+import argparse
+
+from scratchformer.cli.options import checkpoint_kind, non_negative, positive
+
+__all__ = ["add_attention", "add_demo", "add_export", "add_features", "add_shapes"]
+
+
+# ------------------------------------------------------------------------------------------------ demo
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="train a tiny encoder-decoder on a synthetic task (offline, < 1 min)")
+    demo.add_argument("--task", choices=["reverse", "sort"], default="reverse")
+    demo.add_argument("--steps", type=positive, default=700, help="training steps (default 700)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--threads", type=non_negative, default=0, help="torch CPU threads (default: torch's choice)")
+    demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    figure = demo.add_mutually_exclusive_group()
+    figure.add_argument("--figure", metavar="PATH", help="where to draw the cross-attention map of one held-out "
+                        "input, a PNG (default runs/demo/attention.png; folders are made)")
+    figure.add_argument("--no-figure", action="store_true", help="draw no attention map (headless use)")
+    demo.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from scratchformer.tasks.demo import DemoConfig, run_demo
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    figure = None if args.no_figure else args.figure or DemoConfig.figure
+    cfg = DemoConfig(task=args.task, steps=args.steps, seed=args.seed, figure=figure)
+    result = run_demo(cfg, progress=not args.no_progress)
+    print(f"\n{cfg.task} digits: greedy decoding of held-out inputs (KV cache)")
+    for source, expected, predicted in result.examples:
+        mark = "ok " if expected == predicted else "BAD"
+        print(f"  {mark} {source:>12} -> {predicted:<12} (expected {expected})")
+    print(
+        f"exact-match accuracy {result.accuracy:.1%} on {cfg.eval_size} held-out inputs; "
+        f"final loss {result.final_loss:.4f}; {result.seconds:.1f} s"
+    )
+    attention = result.attention
+    if attention is not None and attention.mirror_mass is not None:
+        print(f"cross-attention on the mirrored source digit (the anti-diagonal): {attention.mirror_mass:.1%} "
+              f"({attention.source} -> {attention.target})")
+    if result.figure is not None:
+        print(f"attention map: {result.figure}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ features, shapes
+
+
+def add_features(sub: argparse._SubParsersAction) -> None:
+    features = sub.add_parser("features", help="image features of a folder of photographs (frozen EfficientNet-Lite0: "
+                              "7x7x1280 regions and the pooled vector) into a safetensors file; resumable")
+    features.add_argument("--images", required=True, help="folder of image files (any size, any format Pillow reads)")
+    features.add_argument("--out", required=True, help="the .safetensors file (images already in it are skipped)")
+    features.add_argument("--batch-size", type=positive, default=32)
+    features.add_argument("--device", default="auto")
+    features.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    features.set_defaults(func=_features)
+
+
+def _features(args: argparse.Namespace) -> int:
+    from scratchformer.data.image_features import extract_image_features
+    from scratchformer.models.image_encoder import ImageEncoder
+    from scratchformer.training import resolve_device
+
+    device = resolve_device(args.device)
+    features = extract_image_features(args.images, args.out, ImageEncoder().to(device), batch_size=args.batch_size,
+                                      device=device, progress=not args.no_progress)
+    print(f"{args.out}: {len(features.names)} images, regions {tuple(features.regions.shape)}, "
+          f"pooled {tuple(features.pooled.shape)} ({features.description['encoder']})")
+    return 0
+
+
+def add_shapes(sub: argparse._SubParsersAction) -> None:
+    shapes = sub.add_parser("shapes", help="write rendered shape scenes as PNGs with a captions TSV")
+    shapes.add_argument("--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout")
+    shapes.add_argument("--count", type=positive, default=8)
+    shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--out", default="shapes")
+    shapes.set_defaults(func=_shapes)
+
+
+def _shapes(args: argparse.Namespace) -> int:
+    from scratchformer.data.captions import save_caption_folder
+    from scratchformer.data.shapes import shape_scene_splits
+
+    size = {"train": "train_size", "valid": "valid_size"}.get(args.split, "test_size")
+    sizes = {"train_size": 0, "valid_size": 0, "test_size": 0, size: args.count}
+    split = shape_scene_splits(seed=args.seed, **sizes)[args.split]
+    print(f"wrote {len(split)} images and {save_caption_folder(split, args.out, args.split)}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ export, attention
+
+
+def add_export(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser("export", help="write a checkpoint in the Hugging Face format: a translator as a Marian "
+                            "directory (MarianMTModel), a classifier's encoder or a masked LM as a BERT directory (AutoModel)")
+    export.add_argument("--checkpoint", required=True)
+    export.add_argument("--out", required=True, help="a new directory")
+    export.add_argument("--format", choices=["hf"], default="hf")
+    export.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from scratchformer.models.hf_files import check_new_directory
+
+    check_new_directory(args.out)  # before any loading
+    kind = checkpoint_kind(args.checkpoint)
+    if kind == "translation":
+        from scratchformer.tasks.translation import load_translator
+
+        written, what = load_translator(args.checkpoint, device="cpu").save_pretrained(args.out, args.format), "Marian (MarianMTModel)"
+    elif kind == "text_classifier":
+        from scratchformer.tasks.classification import load_classifier
+
+        written, what = load_classifier(args.checkpoint, device="cpu").save_pretrained(args.out, args.format), "BERT (AutoModel)"
+    elif kind == "masked_lm":
+        from scratchformer.tasks.masked_lm import export_masked_lm
+
+        written, what = export_masked_lm(args.checkpoint, args.out), "BERT (BertForMaskedLM, AutoModel)"
+    else:
+        raise ValueError(f"{args.checkpoint}: a {kind!r} checkpoint has no Hugging Face format "
+                         "(translation, text_classifier and masked_lm checkpoints do)")
+    print(f"wrote a Hugging Face {what} directory: {written}")
+    return 0
+
+
+def add_attention(sub: argparse._SubParsersAction) -> None:
+    attention = sub.add_parser("attention", help="PNG heatmaps of a translation model's attention for one sentence")
+    attention.add_argument("--checkpoint", required=True)
+    attention.add_argument("text")
+    attention.add_argument("--out", default="attention", help="output directory for the PNGs")
+    attention.add_argument("--beam", type=positive, default=5)
+    attention.set_defaults(func=_attention)
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from scratchformer.tasks.translation import load_translator, translation_attention_maps
+
+    translation, written = translation_attention_maps(
+        load_translator(args.checkpoint, device="cpu"), args.text, args.out, beam_size=args.beam
+    )
+    print(f"translation: {translation}")
+    print("\n".join(str(p) for p in written))
+    return 0

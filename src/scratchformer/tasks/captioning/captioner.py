@@ -1,0 +1,180 @@
+"""A trained captioning model at work: :class:`Captioner` (images, features or photographs in,
+captions out, scored, or drawn with each word's attention) and :func:`load_captioner`, which
+reads a checkpoint of :func:`~scratchformer.tasks.captioning.train_captioner` into one.
+
+    captioner = load_captioner("runs/flickr8k/best")
+    features, photos = captioner.photo_features(["dog.jpg"])   # any photo: resized, cropped, encoded
+    captioner.caption(features)               # ["a brown dog is running through the grass", ...]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from scratchformer.data.caption_corpora import CaptionCorpus
+from scratchformer.data.caption_metrics import caption_scores
+from scratchformer.data.captions import CaptionExamples, Vocabulary, load_image
+from scratchformer.data.image_features import extract_image_features, load_photo
+from scratchformer.fast import optimize
+from scratchformer.generation import GenerationConfig, generate, greedy_decode
+from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
+from scratchformer.models.image_encoder import ImageEncoder
+from scratchformer.models.patch_embedding import PatchEmbedding
+from scratchformer.tasks.common import Generated, check_batch
+from scratchformer.tools.attention_maps import record_attention
+from scratchformer.tools.caption_figures import plot_caption_attention
+from scratchformer.training import resolve_device
+from scratchformer.training.checkpoint import load_checked, open_checkpoint
+
+__all__ = ["Captioner", "load_captioner"]
+
+START, END = Vocabulary.start_id, Vocabulary.end_id
+
+
+class Captioner:
+    """A trained captioning model with its vocabulary: images in, captions out."""
+
+    def __init__(self, model: CaptioningTransformer, vocab: Vocabulary, decoding: dict[str, Any], device: torch.device,
+                 photos: dict[str, Any] | None = None):
+        self.model, self.vocab, self.decoding, self.device = model.eval(), vocab, decoding, device
+        self.photos = photos  # {"image_encoder": description, "memory": "regions"|"pooled"} for photo models
+        self._encoder: ImageEncoder | None = None
+
+    def photo_features(self, paths: Sequence[str | Path], batch_size: int = 32) -> tuple[Tensor, Tensor]:
+        """Photo files (any size, any format Pillow reads) -> the model's input features ((N, R, D_img)
+        regions or (N, D_img) pooled, float16) and the cropped photos (N, 3, 224, 224) uint8, through
+        the image encoder the model was trained with."""
+        encoder, features, photos = self.image_encoder(), [], []
+        for start in range(0, len(paths), batch_size):
+            batch = torch.stack([load_photo(p, ImageEncoder.image_size) for p in paths[start : start + batch_size]])
+            regions, pooled = encoder(batch.to(self.device))
+            features.append((regions if self.photos["memory"] == "regions" else pooled).half().cpu())  # type: ignore[index]
+            photos.append(batch)
+        return torch.cat(features), torch.cat(photos)  # float16, as feature files store them
+
+    def image_encoder(self) -> ImageEncoder:
+        """The frozen image encoder the model was trained with (built on first use)."""
+        if self.photos is None:
+            raise ValueError("this model was not trained on photographs through the image encoder; "
+                             "it takes " + ("image files of its own size" if self.model.config.input == "pixels"
+                                            else "precomputed features"))
+        if self._encoder is None:
+            if ImageEncoder.describe() != self.photos["image_encoder"]:
+                raise ValueError(f"this checkpoint was trained on features of {self.photos['image_encoder']}, "
+                                 f"this installation's image encoder is {ImageEncoder.describe()}")
+            self._encoder = ImageEncoder().to(self.device)
+        return self._encoder
+
+    def corpus_features(self, corpus: CaptionCorpus, features_file: str | Path | None = None,
+                        batch_size: int = 32) -> Tensor:
+        """The model's input features for every photo of ``corpus``: from ``features_file`` (extracted
+        into it first where missing: resumable, reusable), else computed in memory."""
+        encoder = self.image_encoder()
+        if features_file is not None:
+            found = extract_image_features(corpus.image_dir, features_file, encoder, names=corpus.names,
+                                           device=self.device)
+            return found.select(corpus.names, self.photos["memory"])  # type: ignore[index]
+        return self.photo_features([corpus.image_dir / n for n in corpus.names], batch_size)[0]
+
+    def load_image(self, path: str | Path, resize: bool = False) -> Tensor:
+        """An image file as (3, H, W) uint8 of the model's size (``resize``: scaled to it; else an error)."""
+        c = self.model.config
+        if c.input != "pixels":
+            raise ValueError("this model captions image features; use photo_features() for photo files")
+        image = load_image(path, c.image_size if resize else None)
+        if tuple(image.shape[1:]) != (c.image_size, c.image_size):
+            raise ValueError(f"{path}: the image is {image.shape[2]}x{image.shape[1]} pixels, the model takes "
+                             f"{c.image_size}x{c.image_size} (resize it, or pass --resize)")
+        return image
+
+    def _limits(self) -> dict[str, Any]:
+        return {"max_len_a": 0.0, "max_len_b": self.model.config.max_len - 1}
+
+    def generation_config(self, beam_size: int | None = None, **options: Any) -> GenerationConfig:
+        """The recipe's ``decoding`` (beam 3 if it names none; captions up to the model's max_len) as a
+        :class:`GenerationConfig`, with ``beam_size`` and ``options`` on top (None: keep)."""
+        return GenerationConfig.from_decoding({"beam_size": 3, **self.decoding, **self._limits()},
+                                              decoder_start_token_id=START, eos_token_id=END,
+                                              **{"num_beams": beam_size, **options})
+
+    @torch.no_grad()
+    def generate(self, inputs: Tensor, config: GenerationConfig | None = None, prefix: str | None = None,
+                 seed: int | None = None, batch_size: int = 128) -> list[list[Generated]]:
+        """``config.num_return_sequences`` captions of each input (images (N, C, H, W) or features):
+        the n best of the beam, or n samples; ``prefix``: words every caption starts with."""
+        config = config or self.generation_config()
+        check_batch(batch_size, config.num_beams)
+        prefix_ids = self.vocab.encode(prefix) if prefix else None
+        out: list[list[Generated]] = []
+        for start in range(0, len(inputs), batch_size):
+            batch = inputs[start : start + batch_size].to(self.device)
+            for hyps in generate(self.model, batch, config, prefix_ids, seed):
+                out.append([Generated(self.vocab.decode(h.tokens), h.tokens[:-1], h.log_prob, h.score) for h in hyps])
+        return out
+
+    def caption(self, inputs: Tensor, beam_size: int | None = None, batch_size: int = 128,
+                config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
+                ) -> list[str]:
+        """Captions of ``inputs`` (images (N, C, H, W) uint8/float, or features); beam_size 1 = greedy;
+        ``config`` (a :class:`GenerationConfig`) instead of the recipe's decoding settings."""
+        config = config or self.generation_config(beam_size)
+        return [n[0].text for n in self.generate(inputs, config, prefix, seed, batch_size)]
+
+    def evaluate(self, examples: CaptionExamples, beam_size: int | None = None,
+                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None,
+                 batch_size: int = 128) -> dict[str, Any]:
+        hypotheses = self.caption(examples.inputs, beam_size, batch_size, config, prefix, seed)
+        return {**caption_scores(hypotheses, examples.references), "hypotheses": hypotheses}
+
+    @torch.no_grad()
+    def caption_with_attention(self, image: Tensor) -> tuple[list[str], Tensor]:
+        """Greedy caption of one image ((C, H, W) pixels, or features: (R, D_img) regions / (D_img,))
+        and, for each generated word (and <END>), the last decoder layer's cross-attention over the
+        memory, averaged over heads: (L, N) for N memory slots."""
+        with record_attention(self.model) as recorded:
+            ids = greedy_decode(self.model, image[None].to(self.device), bos_id=START, eos_id=END, **self._limits())
+        assert isinstance(ids, Tensor)
+        last = f"decoder.layers.{len(self.model.decoder.layers) - 1}.cross_attn"
+        attention = torch.stack([w[0, :, -1].mean(dim=0) for w in recorded[last]])  # per step (1, H, 1, N) -> (N,)
+        tokens = ids[0].tolist()
+        length = tokens.index(END) + 1 if END in tokens else len(tokens)
+        words = [self.vocab.words[t] for t in tokens[:length]]
+        return words, attention[:length].cpu()
+
+    def plot_attention(self, image: Tensor, path: str | Path, photo: Tensor | None = None) -> list[str]:
+        """Caption one image greedily and draw each word's attention over it (a PNG): ``image`` is
+        (C, H, W) pixels, or for a photo model its region features (R, D_img) with the ``photo``
+        (3, H, W) they came from."""
+        visual = self.model.visual
+        if isinstance(visual, PatchEmbedding):
+            grid, picture = visual.grid, image
+        elif self.photos is not None and self.photos["memory"] == "regions" and photo is not None:
+            grid, picture = int(round(image.shape[0] ** 0.5)), photo
+        else:
+            raise ValueError("attention over the image needs a model that reads pixels or photo regions (memory "
+                             "'regions'), and the photo")
+        words, attention = self.caption_with_attention(image)
+        plot_caption_attention(picture, words, attention, grid, path)
+        return words
+
+
+def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
+    """A checkpoint written by :func:`~scratchformer.tasks.captioning.train_captioner`, as a :class:`Captioner`."""
+    directory, config = open_checkpoint(directory, "captioning")
+    model_config = CaptioningConfig.from_dict(config["model"])
+    try:
+        vocab = Vocabulary.from_json(json.loads((directory / "vocab.json").read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as e:
+        raise ValueError(f"{directory / 'vocab.json'}: not a caption vocabulary ({e})") from None
+    if len(vocab) != model_config.vocab_size:
+        raise ValueError(f"{directory / 'vocab.json'} does not belong to this model: {len(vocab)} words, the model "
+                         f"has {model_config.vocab_size}")
+    model = optimize(load_checked(directory, lambda: CaptioningTransformer(model_config)))
+    dev = resolve_device(device)
+    return Captioner(model.to(dev), vocab, config["decoding"], dev, config.get("photos"))

@@ -1,0 +1,99 @@
+"""What a run needs before any work starts: its device, its packages, an output directory fit for a
+fresh run or a resumption, and (when resuming) a checkpoint saved by the same run."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scratchformer.training import distributed
+from scratchformer.training.checkpoint import load_config
+from scratchformer.training.config import RESUME_FIXED, TrainConfig
+
+__all__ = ["RUN_OUTPUTS", "check_run", "check_same_run", "earlier_run", "remove_earlier_run", "resolve_device"]
+
+RUN_OUTPUTS = ("last", "last.old", "best", "best.old", "averaged", "metrics.jsonl", "tensorboard", "report.json",
+               "curves.png", "encoder")
+
+
+def earlier_run(out_dir: str | Path) -> list[str]:
+    """What an earlier run left in ``out_dir`` (checkpoints, logs, report, test outputs)."""
+    out = Path(out_dir)
+    return sorted(p.name for p in out.glob("*") if p.name in RUN_OUTPUTS or p.name.startswith("step-")
+                  or p.name.endswith(("_hypotheses.txt", "_captions.txt"))) if out.is_dir() else []
+
+
+def remove_earlier_run(out_dir: str | Path) -> None:
+    """Delete what :func:`earlier_run` finds (``overwrite``, once the new run starts)."""
+    for name in earlier_run(out_dir):
+        path = Path(out_dir) / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def check_run(config: TrainConfig, resume: bool) -> None:
+    """What a run needs before any work starts (the tasks call this first; so does the Trainer):
+    the device exists, the precision suits it, TensorBoard is installed if the recipe asks for it,
+    and ``out_dir`` is fit for a fresh run (no earlier run there, unless ``overwrite``: the Trainer
+    removes it when training starts) or for ``resume``. The output directory is rank 0's (other
+    machines need no copy): rank 0 checks it and every rank gets its verdict."""
+    device = resolve_device(config.device)
+    if config.precision == "fp16" and device.type != "cuda":
+        raise ValueError("precision 'fp16' needs a CUDA device (GradScaler); use 'bf16' on CPU")
+    if config.tensorboard:
+        require_tensorboard()
+    distributed.on_main(lambda: _check_out_dir(Path(config.out_dir), resume, config.overwrite))
+
+
+def require_tensorboard() -> None:
+    """Fail at once, naming the package, when ``tensorboard: true`` cannot be honoured."""
+    try:
+        importlib.import_module("torch.utils.tensorboard")  # (it imports the tensorboard package)
+    except ImportError as e:
+        raise ImportError('"tensorboard": true needs the tensorboard package: pip install -e ".[tensorboard]"') from e
+
+
+def _check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
+    if resume:
+        if not (out / "last" / "training_state.pt").is_file() and not (out / "last.old" / "training_state.pt").is_file():
+            raise FileNotFoundError(f"--resume: no resumable checkpoint in {out} (expected {out / 'last'})")
+    elif earlier_run(out) and not overwrite:
+        raise FileExistsError(f"{out} holds an earlier run ({', '.join(earlier_run(out))}): resume it (--resume), "
+                              "replace it (--overwrite / overwrite=True) or choose another output directory")
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device ``name`` means for this process (under torchrun: its own GPU, cuda:LOCAL_RANK)."""
+    here = distributed.world()
+    return distributed.device_for(name, here.local_rank, here.distributed)
+
+
+def check_same_run(last: Path, config: TrainConfig, task_config: dict[str, Any]) -> None:
+    """Refuse to resume ``last`` with another task or model configuration (``task_config``, the
+    task's ``checkpoint_config()``), or other values of the training fields in RESUME_FIXED (only
+    those the saved file holds: older ones resume)."""
+    saved = load_config(last)
+    saved_training = saved.pop("training", {})
+    saved.pop("weights_sha256", None)
+    training = json.loads(json.dumps(asdict(config)))
+    now = {**_leaves(json.loads(json.dumps(task_config))), **{k: training[k] for k in RESUME_FIXED}}
+    was = {**_leaves(saved), **{k: saved_training[k] for k in RESUME_FIXED if k in saved_training}}
+    differ = [k for k in was if k not in now or now[k] != was[k]]
+    if differ:
+        def show(values: dict[str, Any]) -> str:
+            return ", ".join(f"{k}={json.dumps(values[k])}" if k in values else f"no {k}" for k in differ)
+        raise ValueError(f"{last} was saved with {show(was)}; this run has {show(now)}: --resume continues a run "
+                         "with its own settings (only its length, device, precision, logging, saving and patience "
+                         "may change)")
+
+
+def _leaves(value: Any, path: str = "") -> dict[str, Any]:
+    """A JSON value's leaves by dotted path: {"model": {"num_heads": 2}} -> {"model.num_heads": 2}."""
+    if not isinstance(value, dict) or not value:
+        return {path: value}
+    return {k: v for key, item in value.items() for k, v in _leaves(item, f"{path}.{key}" if path else key).items()}
