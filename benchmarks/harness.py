@@ -91,5 +91,7 @@ def run_group(group: Group, device: torch.device, log: Callable[[str], None] = p
             if timed:
                 case.times.append(time.perf_counter() - start)
     for case in cases:
-        log(f"  {case.row:<26} {case.impl:<44} median {case.median * 1e3:9.2f} ms "
-            f"(min {min(case.times) * 1e3:.2f}, max {max(case.times) * 1e3:.2f})")
+        log(
+            f"  {case.row:<26} {case.impl:<44} median {case.median * 1e3:9.2f} ms "
+            f"(min {min(case.times) * 1e3:.2f}, max {max(case.times) * 1e3:.2f})"
+        )

@@ -29,10 +29,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__.splitlines()[0])
     parser.add_argument("--group", choices=[g for g in BUILDERS if g not in ONCE], required=True)
-    parser.add_argument("--row", required=True, help='the row as the tables name it, e.g. "B8xT512, 25%% padding"')
+    parser.add_argument(
+        "--row", required=True, help='the row as the tables name it, e.g. "B8xT512, 25%% padding"'
+    )
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    parser.add_argument("--only", action="append", default=[],
-                        help="an implementation to profile (repeatable; default: every one of the row)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="an implementation to profile (repeatable; default: every one of the row)",
+    )
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lines", type=int, default=16, help="operators per table")
@@ -48,9 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(only) - {c.impl for c in cases})
     if unknown:
         parser.error(f"--only: {unknown} not among {[c.impl for c in cases]}")
-    text = [f"profile of {args.group} row '{args.row}' ({args.precision}, size {args.size}): one warm-up call, then "
-            f"{args.rounds} profiled calls per implementation; `python -m benchmarks.profile "
-            f"--group {args.group} --row '{args.row}' --precision {args.precision}`\n"]
+    text = [
+        f"profile of {args.group} row '{args.row}' ({args.precision}, size {args.size}): "
+        "one warm-up call, then "
+        f"{args.rounds} profiled calls per implementation; `python -m benchmarks.profile "
+        f"--group {args.group} --row '{args.row}' --precision {args.precision}`\n"
+    ]
     for case in cases:
         if only and case.impl not in only:
             continue

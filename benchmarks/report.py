@@ -12,7 +12,6 @@ import torch
 from benchmarks.harness import Case, Group
 from benchmarks.suite import BERT, FAST, OURS, OURS_BERT, OURS_BERT_SKIP, OURS_SKIP, gpu_peak_tflops
 
-
 MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
 
 
@@ -31,9 +30,12 @@ def machine_description(device: torch.device) -> str:
     flags = " ".join(f for f in MATMUL_FLAGS if f in present) if present else "unknown"
     import transformers
 
-    text = (f"{cpu} (flags: {flags or 'none of ' + ' '.join(MATMUL_FLAGS)}), {os.cpu_count()} cores, "
-            f"{torch.get_num_threads()} torch threads; "
-            f"torch {torch.__version__}, transformers {transformers.__version__}; Python {platform.python_version()}")
+    text = (
+        f"{cpu} (flags: {flags or 'none of ' + ' '.join(MATMUL_FLAGS)}), {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} torch threads; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}; "
+        f"Python {platform.python_version()}"
+    )
     if device.type == "cuda":
         text += f"; GPU {torch.cuda.get_device_name(device)}"
     return text
@@ -55,15 +57,18 @@ def _find(group: Group, impl: str) -> Case | None:
 
 def _ratio(case: Case, ref: Case) -> float:
     """How many times faster ``case`` is than ``ref`` (throughput ratio, from the medians)."""
-    return (case.tokens / case.median) / (ref.tokens / ref.median) if case.tokens else ref.median / case.median
+    return (
+        (case.tokens / case.median) / (ref.tokens / ref.median) if case.tokens else ref.median / case.median
+    )
 
 
 def _ms(case: Case) -> str:
     return f"{case.median * 1e3:.1f} ({min(case.times) * 1e3:.1f}-{max(case.times) * 1e3:.1f})"
 
 
-def write_markdown(path: Path, groups: list[Group], machine: str, command: str, elapsed: float,
-                   met: list[dict[str, object]]) -> str:
+def write_markdown(
+    path: Path, groups: list[Group], machine: str, command: str, elapsed: float, met: list[dict[str, object]]
+) -> str:
     peaks = measured_peaks(groups)
     lines = [
         f"# scratchformer benchmark ({datetime.date.today().isoformat()})",
@@ -80,15 +85,19 @@ def write_markdown(path: Path, groups: list[Group], machine: str, command: str, 
     ]
     if peaks:
         lines.append("")
-        lines.append("Measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
+        lines.append(
+            "Measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items())
+        )
     for group in groups:
         lines += ["", f"## {group.title}", ""]
         if group.note:
             lines += [f"({group.note}; {group.repeats} rounds)", ""]
         else:
             lines += [f"({group.repeats} rounds)", ""]
-        lines += ["| row | implementation | median ms (min-max) | tokens/s | vs reference | GFLOP/s | % of peak |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "| row | implementation | median ms (min-max) | tokens/s | vs reference | GFLOP/s | % of peak |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for case in group.cases:
             refs = [r for r in (_find(group, name) for name in case.references) if r is not None]
             vs = "; ".join(f"**{_ratio(case, r):.2f}x** {r.impl}" for r in refs) or "-"
@@ -96,7 +105,12 @@ def write_markdown(path: Path, groups: list[Group], machine: str, command: str, 
             peak = peaks.get(case.precision)
             if case.flops and group.name == "matmul peak":
                 pct = "100 (best round)" if peak else "-"
-            elif case.flops and case.precision == "bf16" and "GPT-2" in group.name and torch.cuda.is_available():
+            elif (
+                case.flops
+                and case.precision == "bf16"
+                and "GPT-2" in group.name
+                and torch.cuda.is_available()
+            ):
                 card = gpu_peak_tflops(torch.device("cuda"))
                 pct = f"{case.gflops / peak * 1e9 * 100:.0f}" if peak else "-"
                 if card:
@@ -108,7 +122,9 @@ def write_markdown(path: Path, groups: list[Group], machine: str, command: str, 
     if met:
         lines += ["", "## Targets (issue 17)", "", "| target | measured | goal | met |", "|---|---|---|---|"]
         for t in met:
-            lines.append(f"| {t['target']} | {t['value']:.2f} | {t['goal']} | {'yes' if t['met'] else '**no**'} |")
+            lines.append(
+                f"| {t['target']} | {t['value']:.2f} | {t['goal']} | {'yes' if t['met'] else '**no**'} |"
+            )
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -137,8 +153,11 @@ def targets(groups: list[Group]) -> list[dict[str, object]]:
             if skip and plain:
                 add(f"{row}, {p}: real tokens/s, skip_padding vs our padded", _ratio(skip, plain), 1.25)
             if plain and "padding" not in row and plain.tokens >= 4096 and peaks.get(p):
-                add(f"{row}, {p}: {OURS}, % of the measured {p} matmul peak", plain.flops / plain.median / peaks[p] * 100,
-                    {"fp32": 85.0, "bf16": 60.0}[p])
+                add(
+                    f"{row}, {p}: {OURS}, % of the measured {p} matmul peak",
+                    plain.flops / plain.median / peaks[p] * 100,
+                    {"fp32": 85.0, "bf16": 60.0}[p],
+                )
         elif g.name.startswith("encoder training"):
             for ours_name, ref_name in ((OURS, "torch.nn"), (OURS_BERT, BERT)):
                 ours, ref = _find(g, ours_name), _find(g, ref_name)

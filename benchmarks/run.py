@@ -35,17 +35,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--precision", choices=[*PRECISIONS, "both"], default="both",
-                        help="fp32, bf16 (inference models cast to bf16, training under bf16 autocast) or both "
-                             "(default), each group once per precision")
-    parser.add_argument("--only", default=",".join(g for g in GROUPS if g != "gpt2"),
-                        help=f"comma-separated groups among {','.join(GROUPS)} (default: all but gpt2, which "
-                             "is added on CUDA)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per group (default: the size's)")
+    parser.add_argument(
+        "--precision",
+        choices=[*PRECISIONS, "both"],
+        default="both",
+        help="fp32, bf16 (inference models cast to bf16, training under bf16 autocast) or both "
+        "(default), each group once per precision",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(g for g in GROUPS if g != "gpt2"),
+        help=f"comma-separated groups among {','.join(GROUPS)} (default: all but gpt2, which "
+        "is added on CUDA)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed rounds per group (default: the size's)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the .md, .json and .png")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run every group in this process (default: each builder and precision in a fresh one)")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every group in this process (default: each builder and precision in a fresh one)",
+    )
     args = parser.parse_args(argv)
     only = [g.strip() for g in args.only.split(",") if g.strip()]
     unknown = sorted(set(only) - set(GROUPS))
@@ -84,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     size = SIZES[args.size]
     if args.repeats:
         size = dataclasses.replace(size, repeats=args.repeats, latency_repeats=args.repeats)
-    command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m benchmarks.run " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
     machine = machine_description(args.device)
     print(machine)
     start = time.perf_counter()
@@ -104,11 +118,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     md = write_markdown(args.out / f"{stem}.md", groups, machine, command, elapsed, met)
     write_png(args.out / f"{stem}.png", groups, machine)
     raw = {
-        "command": command, "machine": machine, "elapsed_s": elapsed, "pid_nice": os.nice(0),
+        "command": command,
+        "machine": machine,
+        "elapsed_s": elapsed,
+        "pid_nice": os.nice(0),
         "platform": platform.platform(),
-        "groups": [{"name": g.name, "precision": g.precision, "note": g.note, "repeats": g.repeats, "cases": [
-            {"row": c.row, "impl": c.impl, "times_s": c.times, "tokens": c.tokens, "flops": c.flops,
-             "references": list(c.references), "precision": c.precision} for c in g.cases]} for g in groups],
+        "groups": [
+            {
+                "name": g.name,
+                "precision": g.precision,
+                "note": g.note,
+                "repeats": g.repeats,
+                "cases": [
+                    {
+                        "row": c.row,
+                        "impl": c.impl,
+                        "times_s": c.times,
+                        "tokens": c.tokens,
+                        "flops": c.flops,
+                        "references": list(c.references),
+                        "precision": c.precision,
+                    }
+                    for c in g.cases
+                ],
+            }
+            for g in groups
+        ],
         "targets": met,
     }
     (args.out / f"{stem}.json").write_text(json.dumps(raw, indent=1) + "\n")

@@ -59,10 +59,40 @@ class Size:
 
 
 SIZES = {
-    "full": Size(512, 8, 2048, 6, 8000, ((32, 128), (8, 512), (1, 32)), (16, 128), (16, 64), (8, 32), 64, 24,
-                 2048, 5, 30, (768, 12, 12, 1024, 8, 50304)),
-    "smoke": Size(32, 4, 64, 2, 100, ((4, 16), (2, 32), (1, 8)), (2, 16), (2, 8), (2,), 4, 6,
-                  128, 2, 2, (32, 2, 4, 32, 2, 128)),
+    "full": Size(
+        512,
+        8,
+        2048,
+        6,
+        8000,
+        ((32, 128), (8, 512), (1, 32)),
+        (16, 128),
+        (16, 64),
+        (8, 32),
+        64,
+        24,
+        2048,
+        5,
+        30,
+        (768, 12, 12, 1024, 8, 50304),
+    ),
+    "smoke": Size(
+        32,
+        4,
+        64,
+        2,
+        100,
+        ((4, 16), (2, 32), (1, 8)),
+        (2, 16),
+        (2, 8),
+        (2,),
+        4,
+        6,
+        128,
+        2,
+        2,
+        (32, 2, 4, 32, 2, 128),
+    ),
 }
 
 
@@ -86,7 +116,9 @@ def linear_params(size: Size, decoder: bool = False) -> int:
 
 def encoder_flops(size: Size, lengths: list[int]) -> float:
     """2 x params x tokens for the linear maps + 4 x L^2 x D per layer and sequence for attention."""
-    return 2.0 * linear_params(size) * sum(lengths) + 4.0 * size.d_model * size.layers * sum(n * n for n in lengths)
+    return 2.0 * linear_params(size) * sum(lengths) + 4.0 * size.d_model * size.layers * sum(
+        n * n for n in lengths
+    )
 
 
 @contextlib.contextmanager
@@ -119,22 +151,48 @@ class Models:
 
         torch.manual_seed(0)
         D, H, F, N = size.d_model, size.heads, size.d_ff, size.layers
-        self.ours = sf.optimize(sf.Encoder([sf.EncoderLayer(D, H, F, dropout=0.0) for _ in range(N)]).to(device))
+        self.ours = sf.optimize(
+            sf.Encoder([sf.EncoderLayer(D, H, F, dropout=0.0) for _ in range(N)]).to(device)
+        )
         layer = nn.TransformerEncoderLayer(D, H, F, dropout=0.0, batch_first=True)
         self.torch = nn.TransformerEncoder(layer, N, enable_nested_tensor=True).to(device)
         max_len = max(max(T for _, T in size.shapes), size.train[1])
-        self.ours_bert = sf.optimize(sf.ContextualEncoder(sf.EncoderConfig(
-            vocab_size=size.vocab, d_model=D, num_heads=H, num_layers=N, d_ff=F, dropout=0.0, activation="gelu",
-            layer_norm_eps=1e-12, max_len=max_len, positional="learned", type_vocab_size=2, embedding_norm=True,
-            scale_embedding=False, pad_id=0,
-        )).to(device))
+        self.ours_bert = sf.optimize(
+            sf.ContextualEncoder(
+                sf.EncoderConfig(
+                    vocab_size=size.vocab,
+                    d_model=D,
+                    num_heads=H,
+                    num_layers=N,
+                    d_ff=F,
+                    dropout=0.0,
+                    activation="gelu",
+                    layer_norm_eps=1e-12,
+                    max_len=max_len,
+                    positional="learned",
+                    type_vocab_size=2,
+                    embedding_norm=True,
+                    scale_embedding=False,
+                    pad_id=0,
+                )
+            ).to(device)
+        )
         # the same weights, computing real tokens only (sf.optimize(..., skip_padding=True))
         self.ours_skip = sf.optimize(copy.deepcopy(self.ours), skip_padding=True)
         self.ours_bert_skip = sf.optimize(copy.deepcopy(self.ours_bert), skip_padding=True)
-        self.bert: nn.Module = BertModel(BertConfig(
-            vocab_size=size.vocab, hidden_size=D, num_hidden_layers=N, num_attention_heads=H, intermediate_size=F,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=max_len,
-        ), add_pooling_layer=False)
+        self.bert: nn.Module = BertModel(
+            BertConfig(
+                vocab_size=size.vocab,
+                hidden_size=D,
+                num_hidden_layers=N,
+                num_attention_heads=H,
+                intermediate_size=F,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+                max_position_embeddings=max_len,
+            ),
+            add_pooling_layer=False,
+        )
         nn.Module.to(self.bert, device)
 
     def all(self) -> list[nn.Module]:
@@ -167,8 +225,14 @@ def inference_groups(size: Size, device: torch.device, precision: str) -> list[G
                 with fast_path(enabled):
                     return models.torch(x, src_key_padding_mask=torch_kpm)
 
-            def case(impl: str, fn: Callable[[], object], refs: tuple[str, ...] = (), row: str = row, n: int = n,
-                     flops: float = flops) -> Case:
+            def case(
+                impl: str,
+                fn: Callable[[], object],
+                refs: tuple[str, ...] = (),
+                row: str = row,
+                n: int = n,
+                flops: float = flops,
+            ) -> Case:
                 return Case(row, impl, inference(fn), n, flops, refs, precision)
 
             cases = [
@@ -180,15 +244,17 @@ def inference_groups(size: Size, device: torch.device, precision: str) -> list[G
             ]
             if padding:
                 cases.insert(1, case(OURS_SKIP, partial(models.ours_skip, x, kpm), (FAST, SLOW, OURS)))
-                cases.insert(5, case(OURS_BERT_SKIP, partial(models.ours_bert_skip, tokens, mask),
-                                     (BERT, OURS_BERT)))
+                cases.insert(
+                    5, case(OURS_BERT_SKIP, partial(models.ours_bert_skip, tokens, mask), (BERT, OURS_BERT))
+                )
             repeats = size.latency_repeats if B * T <= 64 else size.repeats
             groups.append(Group(f"encoder inference {row}", cases, repeats, precision=precision))
     return groups
 
 
-def _train_step(model: nn.Module, forward: Callable[[], Tensor], device: torch.device,
-                precision: str) -> Callable[[], object]:
+def _train_step(
+    model: nn.Module, forward: Callable[[], Tensor], device: torch.device, precision: str
+) -> Callable[[], object]:
     """One step: forward (under bf16 autocast for "bf16"), a scalar loss, backward, fused AdamW."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type in FUSED_ADAMW_DEVICES)
 
@@ -214,16 +280,48 @@ def training_groups(size: Size, device: torch.device, precision: str) -> list[Gr
     flops = 3 * encoder_flops(size, [T] * B)  # backward costs twice the forward
     row = f"B{B}xT{T}"
     cases = [
-        Case(row, OURS, _train_step(models.ours, lambda: models.ours(x), device, precision), B * T, flops,
-             ("torch.nn",), precision),
-        Case(row, "torch.nn", _train_step(models.torch, lambda: models.torch(x), device, precision), B * T, flops,
-             (), precision),
-        Case(row, OURS_BERT, _train_step(models.ours_bert, lambda: models.ours_bert(tokens), device, precision),
-             B * T, flops, (BERT,), precision),
-        Case(row, BERT, _train_step(models.bert, lambda: models.bert(input_ids=tokens).last_hidden_state, device,
-                                    precision), B * T, flops, (), precision),
+        Case(
+            row,
+            OURS,
+            _train_step(models.ours, lambda: models.ours(x), device, precision),
+            B * T,
+            flops,
+            ("torch.nn",),
+            precision,
+        ),
+        Case(
+            row,
+            "torch.nn",
+            _train_step(models.torch, lambda: models.torch(x), device, precision),
+            B * T,
+            flops,
+            (),
+            precision,
+        ),
+        Case(
+            row,
+            OURS_BERT,
+            _train_step(models.ours_bert, lambda: models.ours_bert(tokens), device, precision),
+            B * T,
+            flops,
+            (BERT,),
+            precision,
+        ),
+        Case(
+            row,
+            BERT,
+            _train_step(
+                models.bert, lambda: models.bert(input_ids=tokens).last_hidden_state, device, precision
+            ),
+            B * T,
+            flops,
+            (),
+            precision,
+        ),
     ]
-    return [Group("encoder training step (forward, backward, AdamW)", cases, size.repeats, precision=precision)]
+    return [
+        Group("encoder training step (forward, backward, AdamW)", cases, size.repeats, precision=precision)
+    ]
 
 
 def seq2seq_group(size: Size, device: torch.device, precision: str) -> list[Group]:
@@ -243,14 +341,34 @@ def seq2seq_group(size: Size, device: torch.device, precision: str) -> list[Grou
     flops = 3 * (2.0 * linear * B * L + attention)
     row = f"6+6 layers, B{B}, S=T={L}" if N == 6 else f"{N}+{N} layers, B{B}, S=T={L}"
     cases = [
-        Case(row, "scratchformer Encoder + Decoder", _train_step(ours, lambda: decoder(tgt, encoder(src)), device, precision),
-             2 * B * L, flops, ("torch.nn.Transformer",), precision),
-        Case(row, "torch.nn.Transformer",
-             _train_step(ref, lambda: ref(src, tgt, tgt_mask=causal, tgt_is_causal=True), device, precision),
-             2 * B * L, flops, (), precision),
+        Case(
+            row,
+            "scratchformer Encoder + Decoder",
+            _train_step(ours, lambda: decoder(tgt, encoder(src)), device, precision),
+            2 * B * L,
+            flops,
+            ("torch.nn.Transformer",),
+            precision,
+        ),
+        Case(
+            row,
+            "torch.nn.Transformer",
+            _train_step(ref, lambda: ref(src, tgt, tgt_mask=causal, tgt_is_causal=True), device, precision),
+            2 * B * L,
+            flops,
+            (),
+            precision,
+        ),
     ]
-    return [Group("encoder-decoder training step (forward, backward, AdamW)", cases, size.repeats,
-                  note="tokens = source + target tokens", precision=precision)]
+    return [
+        Group(
+            "encoder-decoder training step (forward, backward, AdamW)",
+            cases,
+            size.repeats,
+            note="tokens = source + target tokens",
+            precision=precision,
+        )
+    ]
 
 
 def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Group]:
@@ -259,8 +377,15 @@ def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Gr
     torch.manual_seed(0)
     eos = 2
     cfg = sf.TransformerConfig(
-        src_vocab_size=size.vocab, tgt_vocab_size=size.vocab, d_model=size.d_model, num_heads=size.heads,
-        d_ff=size.d_ff, num_encoder_layers=size.layers, num_decoder_layers=size.layers, dropout=0.0, max_len=512,
+        src_vocab_size=size.vocab,
+        tgt_vocab_size=size.vocab,
+        d_model=size.d_model,
+        num_heads=size.heads,
+        d_ff=size.d_ff,
+        num_encoder_layers=size.layers,
+        num_decoder_layers=size.layers,
+        dropout=0.0,
+        max_len=512,
     )
     model = sf.optimize(sf.Transformer(cfg).to(device).eval()).to(dtype_of(precision))
     with torch.no_grad():
@@ -269,16 +394,29 @@ def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Gr
     for B in size.decode_batches:
         src = torch.randint(3, size.vocab, (B, size.src_len), device=device)
 
-        def decode(use_cache: bool, beam: int = 0, steps: int = size.new_tokens, src: Tensor = src,
-                   top_p: float = 0.0) -> object:
+        def decode(
+            use_cache: bool,
+            beam: int = 0,
+            steps: int = size.new_tokens,
+            src: Tensor = src,
+            top_p: float = 0.0,
+        ) -> object:
             if top_p:
-                config = sf.GenerationConfig(decoder_start_token_id=1, eos_token_id=eos, do_sample=True, top_p=top_p,
-                                             max_new_tokens=steps)
+                config = sf.GenerationConfig(
+                    decoder_start_token_id=1,
+                    eos_token_id=eos,
+                    do_sample=True,
+                    top_p=top_p,
+                    max_new_tokens=steps,
+                )
                 return sf.generate(model, src, config, seed=0)
             if beam:
-                return beam_search(model, src, bos_id=1, eos_id=eos, beam_size=beam, max_len_a=0.0, max_len_b=steps)
-            out = sf.greedy_decode(model, src, bos_id=1, eos_id=eos, use_cache=use_cache, max_len_a=0.0,
-                                   max_len_b=steps)
+                return beam_search(
+                    model, src, bos_id=1, eos_id=eos, beam_size=beam, max_len_a=0.0, max_len_b=steps
+                )
+            out = sf.greedy_decode(
+                model, src, bos_id=1, eos_id=eos, use_cache=use_cache, max_len_a=0.0, max_len_b=steps
+            )
             assert out.shape[1] == steps  # type: ignore[union-attr]
             return out
 
@@ -286,17 +424,51 @@ def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Gr
         n = B * size.new_tokens
         short = min(4, size.new_tokens)
         cases = [
-            Case(row, "greedy, KV cache", partial(decode, True), n, references=("greedy, recompute prefix",),
-                 precision=precision, warmup_fn=partial(decode, True, steps=short)),
-            Case(row, "greedy, recompute prefix", partial(decode, False), n,
-                 precision=precision, warmup_fn=partial(decode, False, steps=short)),
-            Case(row, "beam 5, KV cache", partial(decode, True, beam=5), n, references=("greedy, KV cache",),
-                 precision=precision, warmup_fn=partial(decode, True, beam=5, steps=short)),
-            Case(row, "top-p 0.9 sampling, KV cache", partial(decode, True, top_p=0.9), n,
-                 references=("greedy, KV cache",), precision=precision, warmup_fn=partial(decode, True, steps=short, top_p=0.9)),
+            Case(
+                row,
+                "greedy, KV cache",
+                partial(decode, True),
+                n,
+                references=("greedy, recompute prefix",),
+                precision=precision,
+                warmup_fn=partial(decode, True, steps=short),
+            ),
+            Case(
+                row,
+                "greedy, recompute prefix",
+                partial(decode, False),
+                n,
+                precision=precision,
+                warmup_fn=partial(decode, False, steps=short),
+            ),
+            Case(
+                row,
+                "beam 5, KV cache",
+                partial(decode, True, beam=5),
+                n,
+                references=("greedy, KV cache",),
+                precision=precision,
+                warmup_fn=partial(decode, True, beam=5, steps=short),
+            ),
+            Case(
+                row,
+                "top-p 0.9 sampling, KV cache",
+                partial(decode, True, top_p=0.9),
+                n,
+                references=("greedy, KV cache",),
+                precision=precision,
+                warmup_fn=partial(decode, True, steps=short, top_p=0.9),
+            ),
         ]
-        groups.append(Group(f"decoding {row}", cases, size.repeats, precision=precision,
-                            note="tokens = new tokens of the batch (beam: of the best hypotheses)"))
+        groups.append(
+            Group(
+                f"decoding {row}",
+                cases,
+                size.repeats,
+                precision=precision,
+                note="tokens = new tokens of the batch (beam: of the best hypotheses)",
+            )
+        )
     return groups
 
 
@@ -314,8 +486,15 @@ def precision_group(size: Size, device: torch.device, precision: str = "") -> li
 
     cases = [
         Case(f"B{B}xT{T}", "scratchformer Encoder, fp32", inference(lambda: ours(x)), B * T, flops),
-        Case(f"B{B}xT{T}", "scratchformer Encoder, bf16 autocast", inference(bf16), B * T, flops,
-             ("scratchformer Encoder, fp32",), "bf16"),
+        Case(
+            f"B{B}xT{T}",
+            "scratchformer Encoder, bf16 autocast",
+            inference(bf16),
+            B * T,
+            flops,
+            ("scratchformer Encoder, fp32",),
+            "bf16",
+        ),
     ]
     return [Group("encoder inference, bf16 vs fp32", cases, size.repeats)]
 
@@ -333,12 +512,34 @@ def compile_group(size: Size, device: torch.device, precision: str) -> list[Grou
     inference(lambda: compiled(x))()
     compile_s = time.perf_counter() - start
     cases = [
-        Case(f"B{B}xT{T}", "scratchformer Encoder, eager", inference(lambda: ours(x)), B * T, flops, (), precision),
-        Case(f"B{B}xT{T}", "scratchformer Encoder, torch.compile", inference(lambda: compiled(x)), B * T, flops,
-             ("scratchformer Encoder, eager",), precision),
+        Case(
+            f"B{B}xT{T}",
+            "scratchformer Encoder, eager",
+            inference(lambda: ours(x)),
+            B * T,
+            flops,
+            (),
+            precision,
+        ),
+        Case(
+            f"B{B}xT{T}",
+            "scratchformer Encoder, torch.compile",
+            inference(lambda: compiled(x)),
+            B * T,
+            flops,
+            ("scratchformer Encoder, eager",),
+            precision,
+        ),
     ]
-    return [Group("encoder inference, torch.compile vs eager", cases, size.repeats, precision=precision,
-                  note=f"the first call compiled in {compile_s:.1f} s (not in the timings)")]
+    return [
+        Group(
+            "encoder inference, torch.compile vs eager",
+            cases,
+            size.repeats,
+            precision=precision,
+            note=f"the first call compiled in {compile_s:.1f} s (not in the timings)",
+        )
+    ]
 
 
 class DecoderOnlyLM(nn.Module):
@@ -348,8 +549,10 @@ class DecoderOnlyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.position = sf.LearnedPositionalEmbedding(max_len, d_model)
-        blocks = [sf.EncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, activation="gelu", norm_first=True)
-                  for _ in range(layers)]
+        blocks = [
+            sf.EncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, activation="gelu", norm_first=True)
+            for _ in range(layers)
+        ]
         self.blocks = sf.optimize(sf.Encoder(blocks, sf.LayerNorm(d_model)))
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -391,8 +594,15 @@ def gpt2_group(size: Size, device: torch.device, precision: str = "") -> list[Gr
 
     linear = layers * 12 * D * D + vocab * D  # the blocks' linear maps and the (tied) output projection
     flops = 3 * (2.0 * linear * B * T + 4.0 * T * T * D * layers * B)
-    case = Case(f"D={D}, {layers} layers, T={T}, B={B}", "scratchformer decoder-only LM", step, B * T, flops, (),
-                "bf16")
+    case = Case(
+        f"D={D}, {layers} layers, T={T}, B={B}",
+        "scratchformer decoder-only LM",
+        step,
+        B * T,
+        flops,
+        (),
+        "bf16",
+    )
     return [Group("GPT-2-small decoder-only training step, bf16", [case], size.repeats, warmup=2)]
 
 

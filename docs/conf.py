@@ -58,7 +58,9 @@ def _mathjax_source() -> Path:
 
     path = Path(mathjax.__file__).resolve().parent / "static" / "mathjax" / "es5" / "tex-svg.js"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: MathJax 3's tex-svg.js is missing (pip install django-static-mathjax)")
+        raise FileNotFoundError(
+            f"{path}: MathJax 3's tex-svg.js is missing (pip install django-static-mathjax)"
+        )
     return path
 
 

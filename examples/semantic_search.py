@@ -23,11 +23,17 @@ from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
 def default_data_dir() -> Path:
     root = os.environ.get("SCRATCHFORMER_DATA")
-    return Path(root) / "multi30k" if root else Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+    return (
+        Path(root) / "multi30k"
+        if root
+        else Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("queries", nargs="+")
     parser.add_argument("--data", type=Path, default=default_data_dir())
     parser.add_argument("--model", type=Path, default=default_model_dir())

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scratchformer.tasks.captioning import load_captioner, plot_caption_examples
 from scratchformer.data.shapes import shape_scene_splits
+from scratchformer.tasks.captioning import load_captioner, plot_caption_examples
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", default="runs/shapes/best")
     parser.add_argument("--out-dir", default="docs/figures")
     parser.add_argument("--count", type=int, default=4, help="images per split")

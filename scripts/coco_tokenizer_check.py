@@ -16,7 +16,9 @@ from scratchformer.tasks.captioning import caption_scores
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--captions", required=True, help="one caption per line, in the split's order")
     parser.add_argument("--flickr8k", default="../shared/data/flickr8k")
     parser.add_argument("--split", default="dev")
@@ -38,8 +40,16 @@ def main() -> None:
     cider, _ = Cider().compute_score(gts, res)
     ptb = {**{f"bleu{n}": 100 * b for n, b in enumerate(bleu, 1)}, "cider": 100 * cider}
     for key in ("bleu1", "bleu2", "bleu3", "bleu4", "cider"):
-        print(json.dumps({"metric": key, "caption_words": round(ours[key], 2), "ptb_java": round(ptb[key], 2),
-                          "difference": round(ours[key] - ptb[key], 2)}))
+        print(
+            json.dumps(
+                {
+                    "metric": key,
+                    "caption_words": round(ours[key], 2),
+                    "ptb_java": round(ptb[key], 2),
+                    "difference": round(ours[key] - ptb[key], 2),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

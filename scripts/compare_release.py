@@ -39,7 +39,9 @@ D, H, F, N = 512, 8, 2048, 6
 def import_base(rev: str, into: Path):
     """The package as of ``rev``, imported as ``scratchformer_base``."""
     archive = into / "base.tar"
-    subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), rev, "src/scratchformer"], check=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "-o", str(archive), rev, "src/scratchformer"], check=True
+    )
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
     package = into / "scratchformer_base"
@@ -59,7 +61,7 @@ def timed(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]
         f()  # warm-up
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
-        for k in names[r % len(names):] + names[: r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             fns[k]()
             times[k].append(time.perf_counter() - start)
@@ -73,10 +75,26 @@ def twins(base, kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
         old = base.Encoder([base.EncoderLayer(D, H, F, dropout=0.0) for _ in range(N)])
         new = sf.Encoder([sf.EncoderLayer(D, H, F, dropout=0.0) for _ in range(N)])
     else:
-        kw = dict(vocab_size=8000, d_model=D, num_heads=H, num_layers=N, d_ff=F, dropout=0.0, activation="gelu",
-                  layer_norm_eps=1e-12, max_len=512, positional="learned", type_vocab_size=2, embedding_norm=True,
-                  scale_embedding=False, pad_id=0)
-        old, new = base.ContextualEncoder(base.EncoderConfig(**kw)), sf.ContextualEncoder(sf.EncoderConfig(**kw))
+        kw = dict(
+            vocab_size=8000,
+            d_model=D,
+            num_heads=H,
+            num_layers=N,
+            d_ff=F,
+            dropout=0.0,
+            activation="gelu",
+            layer_norm_eps=1e-12,
+            max_len=512,
+            positional="learned",
+            type_vocab_size=2,
+            embedding_norm=True,
+            scale_embedding=False,
+            pad_id=0,
+        )
+        old, new = (
+            base.ContextualEncoder(base.EncoderConfig(**kw)),
+            sf.ContextualEncoder(sf.EncoderConfig(**kw)),
+        )
     new.load_state_dict(old.state_dict())
     if hasattr(base, "optimize"):
         base.optimize(old)
@@ -84,7 +102,9 @@ def twins(base, kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", required=True, help="the earlier commit (any git revision)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
@@ -123,9 +143,12 @@ def main() -> None:
         t = timed({"base": lambda: step(old), "this": lambda: step(new)}, args.rounds)
         row("Encoder training step B16xT128 (+ AdamW)", t["base"], t["this"])
 
-    header = (f"Base {args.base} vs this checkout, {args.rounds} rounds, {platform.processor() or platform.machine()}, "
-              f"{torch.get_num_threads()} threads, torch {torch.__version__}\n\n"
-              "| row | base ms | this ms | this speed / base |\n|---|---|---|---|\n")
+    header = (
+        f"Base {args.base} vs this checkout, {args.rounds} rounds, "
+        f"{platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}\n\n"
+        "| row | base ms | this ms | this speed / base |\n|---|---|---|---|\n"
+    )
     if args.out:
         args.out.write_text(header + "\n".join(rows) + "\n")
 

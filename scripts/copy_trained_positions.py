@@ -5,7 +5,8 @@
 ``scratchformer train mlm`` trains positions 0..max_length-1 only (its tokenizer_config.json records
 that length as ``model_max_length``); rows past it keep their random initialisation. This writes a
 copy whose rows P..L-1 repeat rows 0..P-1 (P trained, L the table's length), as Longformer
-initialised its longer table (Beltagy et al. 2020). An experiment: the pretraining guide (docs/guides/pretraining.md) measures it on IMDB.
+initialised its longer table (Beltagy et al. 2020). An experiment: the pretraining guide
+(docs/guides/pretraining.md) measures it on IMDB.
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ KEY = "bert.embeddings.position_embeddings.weight"  # (L, D) in the BertForMaske
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="an exported encoder directory (config.json, model.safetensors, ...)")
+    parser.add_argument(
+        "source", type=Path, help="an exported encoder directory (config.json, model.safetensors, ...)"
+    )
     parser.add_argument("target", type=Path, help="a new directory")
-    parser.add_argument("--trained", type=int, help="trained positions P (default: model_max_length of tokenizer_config.json)")
+    parser.add_argument(
+        "--trained", type=int, help="trained positions P (default: model_max_length of tokenizer_config.json)"
+    )
     args = parser.parse_args()
     if args.target.exists():
         raise SystemExit(f"{args.target} exists: give a new directory")
@@ -42,7 +47,9 @@ def main() -> None:
         if not isinstance(trained, int):
             raise SystemExit(f"{settings}: no model_max_length to read: give --trained P")
     if not 0 < trained < len(table):
-        raise SystemExit(f"--trained must be in [1, {len(table) - 1}] (the table has {len(table)} rows), got {trained}")
+        raise SystemExit(
+            f"--trained must be in [1, {len(table) - 1}] (the table has {len(table)} rows), got {trained}"
+        )
     table = table.clone()
     for start in range(trained, len(table), trained):
         rows = min(trained, len(table) - start)

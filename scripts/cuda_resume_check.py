@@ -38,7 +38,9 @@ class ToyTask:
         return [order[i : i + 8] for i in range(0, 64, 8)]
 
     def loss(self, model, batch, device):
-        return nn.functional.mse_loss(model(self.x[batch].to(device)).float(), self.y[batch].to(device)), len(batch)
+        return nn.functional.mse_loss(model(self.x[batch].to(device)).float(), self.y[batch].to(device)), len(
+            batch
+        )
 
     def evaluate(self, model, device):
         return {"loss": nn.functional.mse_loss(model(self.x.to(device)).float(), self.y.to(device)).item()}
@@ -74,10 +76,24 @@ def main() -> None:
     trainer_module.nn.utils.clip_grad_norm_ = recording_clip  # what the trainer clips: the norm it sees
     root = Path(tempfile.mkdtemp())
     for precision in ("fp32", "fp16", "bf16"):
-        config = dict(epochs=5, grad_accum=2, lr=3e-3, warmup_steps=3, progress=False, seed=7, save_every=5,
-                      eval_every=4, precision=precision, device=args.device, deterministic=True, grad_clip=1.0)
+        config = dict(
+            epochs=5,
+            grad_accum=2,
+            lr=3e-3,
+            warmup_steps=3,
+            progress=False,
+            seed=7,
+            save_every=5,
+            eval_every=4,
+            precision=precision,
+            device=args.device,
+            deterministic=True,
+            grad_clip=1.0,
+        )
         norms.clear()
-        full = Trainer(toy_model(), ToyTask(), TrainConfig(out_dir=str(root / precision / "full"), **config)).fit()
+        full = Trainer(
+            toy_model(), ToyTask(), TrainConfig(out_dir=str(root / precision / "full"), **config)
+        ).fit()
         first_norms = norms[:3]
 
         def stop_after_13(step: int, loss: float) -> None:
@@ -90,12 +106,20 @@ def main() -> None:
         except Stop:
             pass
         resumed = Trainer(toy_model(), ToyTask(), cut).fit(resume=True)
-        print(json.dumps({
-            "precision": precision, "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-            "steps": full.step, "resumed_steps": len(resumed.losses),
-            "resume_equals_uninterrupted": resumed.losses == full.losses[-len(resumed.losses):] and resumed.best == full.best,
-            "skipped_steps": full.skipped_steps, "first_clipped_norms": [round(n, 4) for n in first_norms],
-        }))
+        print(
+            json.dumps(
+                {
+                    "precision": precision,
+                    "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+                    "steps": full.step,
+                    "resumed_steps": len(resumed.losses),
+                    "resume_equals_uninterrupted": resumed.losses == full.losses[-len(resumed.losses) :]
+                    and resumed.best == full.best,
+                    "skipped_steps": full.skipped_steps,
+                    "first_clipped_norms": [round(n, 4) for n in first_norms],
+                }
+            )
+        )
     shutil.rmtree(root)
 
 

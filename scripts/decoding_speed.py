@@ -33,8 +33,14 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    cfg = sf.TransformerConfig(src_vocab_size=8000, tgt_vocab_size=8000, num_encoder_layers=args.layers,
-                               num_decoder_layers=args.layers, dropout=0.0, max_len=512)
+    cfg = sf.TransformerConfig(
+        src_vocab_size=8000,
+        tgt_vocab_size=8000,
+        num_encoder_layers=args.layers,
+        num_decoder_layers=args.layers,
+        dropout=0.0,
+        max_len=512,
+    )
     model = sf.optimize(sf.Transformer(cfg).eval())
     with torch.no_grad():
         model.generator.bias[EOS] = -1e4  # never finish early: exactly --new-tokens steps
@@ -43,11 +49,13 @@ def main() -> None:
 
     runs = {
         "greedy, KV cache": lambda: sf.greedy_decode(model, src, bos_id=BOS, eos_id=EOS, **limits),
-        "greedy, recompute prefix": lambda: sf.greedy_decode(model, src, bos_id=BOS, eos_id=EOS, use_cache=False, **limits),
+        "greedy, recompute prefix": lambda: sf.greedy_decode(
+            model, src, bos_id=BOS, eos_id=EOS, use_cache=False, **limits
+        ),
         "beam 5, KV cache": lambda: beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=5, **limits),
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for name, run in runs.items():  # warm-up
+    for run in runs.values():  # warm-up
         run()
     for _ in range(args.repeats):
         for name, run in runs.items():
@@ -57,13 +65,22 @@ def main() -> None:
             if name.startswith("greedy"):
                 assert out.shape[1] == args.new_tokens  # type: ignore[union-attr]
 
-    print(f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-          f"batch {args.batch}, {args.new_tokens} new tokens, {args.layers}+{args.layers} layers, D=512")
+    print(
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}; "
+        f"batch {args.batch}, {args.new_tokens} new tokens, {args.layers}+{args.layers} layers, D=512"
+    )
     median = {name: statistics.median(t) for name, t in times.items()}
     for name, t in times.items():
         print(f"  {name:<26} median {median[name]:.3f} s  (min {min(t):.3f}, max {max(t):.3f})")
-    print(f"cache speed-up (recompute / cache): {median['greedy, recompute prefix'] / median['greedy, KV cache']:.1f}x")
-    print(f"beam 5 cost per sentence relative to greedy: {median['beam 5, KV cache'] / median['greedy, KV cache']:.1f}x")
+    print(
+        "cache speed-up (recompute / cache): "
+        f"{median['greedy, recompute prefix'] / median['greedy, KV cache']:.1f}x"
+    )
+    print(
+        "beam 5 cost per sentence relative to greedy: "
+        f"{median['beam 5, KV cache'] / median['greedy, KV cache']:.1f}x"
+    )
 
 
 if __name__ == "__main__":

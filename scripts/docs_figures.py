@@ -11,7 +11,8 @@
     python scripts/docs_figures.py                 # writes docs/figures/paper_*.png
     python scripts/docs_figures.py --out /tmp/figs
 
-The attention map of the walkthrough is the demo's (``scratchformer demo --figure docs/figures/demo_attention.png``).
+The attention map of the walkthrough is the demo's
+(``scratchformer demo --figure docs/figures/demo_attention.png``).
 """
 
 from __future__ import annotations
@@ -38,13 +39,19 @@ def positions_figure(path: Path, length: int = 100, d_model: int = 128) -> None:
     table = sinusoidal_table(length, d_model)  # (L, D)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.4), height_ratios=[3, 2])
     image = top.imshow(table.T.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1, origin="lower")
-    top.set(title=f"sinusoidal_table({length}, {d_model}): PE[pos, dimension]", xlabel="position",
-            ylabel="dimension (even: sin, odd: cos)")
+    top.set(
+        title=f"sinusoidal_table({length}, {d_model}): PE[pos, dimension]",
+        xlabel="position",
+        ylabel="dimension (even: sin, odd: cos)",
+    )
     fig.colorbar(image, ax=top, fraction=0.03)
     for dim in (0, 1, 16, 64):
         kind = "sin" if dim % 2 == 0 else "cos"
-        bottom.plot(table[:, dim].numpy(), label=f"dimension {dim} ({kind}, wavelength "
-                                                 f"{2 * torch.pi * 10000 ** ((dim - dim % 2) / d_model):.0f})")
+        bottom.plot(
+            table[:, dim].numpy(),
+            label=f"dimension {dim} ({kind}, wavelength "
+            f"{2 * torch.pi * 10000 ** ((dim - dim % 2) / d_model):.0f})",
+        )
     bottom.set(xlabel="position", ylabel="PE", xlim=(0, length - 1))
     bottom.legend(fontsize=8, loc="lower left", ncol=2)
     fig.tight_layout()
@@ -60,13 +67,25 @@ def masks_figure(path: Path) -> None:
     S, T = src.shape[1], tgt.shape[1]
     src_real, tgt_real = padding_mask(src, PAD), padding_mask(tgt, PAD)  # (B, S), (B, T)
     panels = [
-        ("encoder self-attention\npadding, (B, S) over S queries", src_real[:, None, :].expand(-1, S, -1)[1],
-         "source keys", "source queries"),
+        (
+            "encoder self-attention\npadding, (B, S) over S queries",
+            src_real[:, None, :].expand(-1, S, -1)[1],
+            "source keys",
+            "source queries",
+        ),
         ("decoder no-peek\ncausal_mask(T), (T, T)", causal_mask(T), "target keys", "target queries"),
-        ("decoder self-attention\ncombine_masks(no-peek, target padding)",
-         combine_masks(causal_mask(T), tgt_real[:, None, :])[1], "target keys", "target queries"),
-        ("cross-attention\nsource padding, (T, S)", src_real[:, None, :].expand(-1, T, -1)[1],
-         "source keys (memory)", "target queries"),
+        (
+            "decoder self-attention\ncombine_masks(no-peek, target padding)",
+            combine_masks(causal_mask(T), tgt_real[:, None, :])[1],
+            "target keys",
+            "target queries",
+        ),
+        (
+            "cross-attention\nsource padding, (T, S)",
+            src_real[:, None, :].expand(-1, T, -1)[1],
+            "source keys (memory)",
+            "target queries",
+        ),
     ]
     fig, axes = plt.subplots(1, 4, figsize=(13, 4.2))
     for ax, (title, mask, xlabel, ylabel) in zip(axes, panels):
@@ -76,10 +95,20 @@ def masks_figure(path: Path) -> None:
         ax.set_xticks(range(mask.shape[1]))
         ax.set_yticks(range(mask.shape[0]))
         for (i, j), value in _cells(mask):
-            ax.text(j, i, "T" if value else "F", ha="center", va="center", fontsize=8,
-                    color="white" if value else "#555555")
-    fig.suptitle("True = may attend (blue). Second sentence pair of a batch: source 3 real tokens of S = 5, "
-                 "target 2 of T = 4", fontsize=10)
+            ax.text(
+                j,
+                i,
+                "T" if value else "F",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if value else "#555555",
+            )
+    fig.suptitle(
+        "True = may attend (blue). Second sentence pair of a batch: source 3 real tokens of S = 5, "
+        "target 2 of T = 4",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -95,15 +124,20 @@ def schedule_figure(path: Path, d_model: int = 512, warmup: int = 4000, steps: i
     step = torch.arange(1, steps + 1, dtype=torch.float64)
     paper = d_model**-0.5 * torch.minimum(step**-0.5, step * warmup**-1.5)  # section 5.3, steps from 1
     peak = (d_model * warmup) ** -0.5
-    ours = {kind: [peak * lr_multiplier(kind, warmup, steps)(s) for s in range(steps)]
-            for kind in ("inverse_sqrt", "cosine", "linear")}
+    ours = {
+        kind: [peak * lr_multiplier(kind, warmup, steps)(s) for s in range(steps)]
+        for kind in ("inverse_sqrt", "cosine", "linear")
+    }
     fig, ax = plt.subplots(figsize=(8, 3.8))
     ax.plot(step.numpy(), paper.numpy(), color="black", linewidth=4, alpha=0.3, label="the paper's formula")
     styles = {"inverse_sqrt": "-", "cosine": "--", "linear": ":"}
     for kind, values in ours.items():
         ax.plot(step.numpy(), values, styles[kind], label=f'lr_multiplier("{kind}") x {peak:.2e}')
-    ax.set(xlabel="optimizer step", ylabel="learning rate",
-           title=f"Warm-up then decay: d_model = {d_model}, warmup_steps = {warmup}")
+    ax.set(
+        xlabel="optimizer step",
+        ylabel="learning rate",
+        title=f"Warm-up then decay: d_model = {d_model}, warmup_steps = {warmup}",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -115,8 +149,11 @@ def main() -> None:
     parser.add_argument("--out", default="docs/figures", help="folder for the PNGs (default: docs/figures)")
     out = Path(parser.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, draw in (("paper_positions.png", positions_figure), ("paper_masks.png", masks_figure),
-                       ("paper_schedule.png", schedule_figure)):
+    for name, draw in (
+        ("paper_positions.png", positions_figure),
+        ("paper_masks.png", masks_figure),
+        ("paper_schedule.png", schedule_figure),
+    ):
         draw(out / name)
         print(out / name)
 

@@ -22,9 +22,18 @@ import tempfile
 import threading
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--virtual-time-budget=15000"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--virtual-time-budget=15000",
+]
 # After MathJax ran, write what the page shows into the DOM, where --dump-dom can read it.
 PROBE = """<script>window.addEventListener('load', () => setTimeout(() => {
   const done = () => {
@@ -59,7 +68,9 @@ def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--site", default="docs/_build/html", help="the built site (default: docs/_build/html)")
+    parser.add_argument(
+        "--site", default="docs/_build/html", help="the built site (default: docs/_build/html)"
+    )
     parser.add_argument("--pages", nargs="+", default=["index", "paper"], help="pages, without .html")
     parser.add_argument("--out", default="docs/_build/screenshots", help="folder for the PNGs")
     parser.add_argument("--size", default="1280,2000", help="window size WIDTH,HEIGHT")
@@ -78,15 +89,27 @@ def main() -> int:
                 url = f"http://127.0.0.1:{port}/{page}.html"
                 png = out / f"{page.replace('/', '-')}.png"
                 profile = ["--user-data-dir=" + str(Path(tmp) / "profile")]
-                subprocess.run([browser, *FLAGS, *profile, f"--window-size={args.size}", f"--screenshot={png}", url],
-                               check=True, capture_output=True, timeout=120)
+                subprocess.run(
+                    [browser, *FLAGS, *profile, f"--window-size={args.size}", f"--screenshot={png}", url],
+                    check=True,
+                    capture_output=True,
+                    timeout=120,
+                )
                 probe = copy / f"{page}.probe.html"
-                probe.write_text((copy / f"{page}.html").read_text(encoding="utf-8").replace("</body>",
-                                                                                           PROBE + "</body>"))
-                dom = subprocess.run([browser, *FLAGS, *profile, "--dump-dom", f"http://127.0.0.1:{port}/{page}.probe.html"],
-                                     check=True, capture_output=True, text=True, timeout=120).stdout
+                probe.write_text(
+                    (copy / f"{page}.html").read_text(encoding="utf-8").replace("</body>", PROBE + "</body>")
+                )
+                dom = subprocess.run(
+                    [browser, *FLAGS, *profile, "--dump-dom", f"http://127.0.0.1:{port}/{page}.probe.html"],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                ).stdout
                 found = re.search(r'<pre id="docs-probe">(.*?)</pre>', dom, flags=re.S)
-                report = found.group(1).replace("&quot;", '"') if found else '{"error": "the probe did not run"}'
+                report = (
+                    found.group(1).replace("&quot;", '"') if found else '{"error": "the probe did not run"}'
+                )
                 ok = found is not None and '"raw_tex":0' in report and '"broken":[]' in report
                 failed |= not ok
                 print(f"{'ok  ' if ok else 'FAIL'} {page}: {png}  {report}")

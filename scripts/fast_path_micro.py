@@ -28,9 +28,10 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ and tests/ beside src/
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from helpers import copy_into_reference, encoder_layer_pairing  # noqa: E402
+
 import scratchformer as sf  # noqa: E402
 from benchmarks.suite import SIZES, Models, fast_path  # noqa: E402
-from helpers import copy_into_reference, encoder_layer_pairing  # noqa: E402
 
 
 def medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -58,9 +59,12 @@ def layer_norm(repeats: int) -> None:
         with torch.inference_mode():
             fwd = medians({"core": lambda: core(x), "fast": lambda: fast(x)}, repeats)
         both = medians({"core": step(core), "fast": step(fast)}, repeats)
-        print(f"LayerNorm {str(dtype)[6:]}: forward core {fwd['core'] * 1e3:.2f} ms, fast {fwd['fast'] * 1e3:.2f} ms "
-              f"({fwd['core'] / fwd['fast']:.1f}x); forward + backward core {both['core'] * 1e3:.2f} ms, "
-              f"fast {both['fast'] * 1e3:.2f} ms ({both['core'] / both['fast']:.1f}x)")
+        print(
+            f"LayerNorm {str(dtype)[6:]}: forward core {fwd['core'] * 1e3:.2f} ms, "
+            f"fast {fwd['fast'] * 1e3:.2f} ms "
+            f"({fwd['core'] / fwd['fast']:.1f}x); forward + backward core {both['core'] * 1e3:.2f} ms, "
+            f"fast {both['fast'] * 1e3:.2f} ms ({both['core'] / both['fast']:.1f}x)"
+        )
 
 
 def single_query(repeats: int) -> None:
@@ -68,13 +72,19 @@ def single_query(repeats: int) -> None:
         q = torch.randn(8, 8, 1, 64).bfloat16()
         k, v = torch.randn(8, 8, S, 64).bfloat16(), torch.randn(8, 8, S, 64).bfloat16()
         with torch.inference_mode():
-            t = medians({
-                "fused": lambda: F.scaled_dot_product_attention(q, k, v),
-                "explicit fp32": lambda: sf.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                                         need_weights=True)[0].bfloat16(),
-            }, repeats * 20)
-        print(f"one bf16 query, {S} keys: fused kernel {t['fused'] * 1e6:.0f} us, explicit in fp32 "
-              f"{t['explicit fp32'] * 1e6:.0f} us ({t['fused'] / t['explicit fp32']:.1f}x)")
+            t = medians(
+                {
+                    "fused": lambda: F.scaled_dot_product_attention(q, k, v),
+                    "explicit fp32": lambda: sf.scaled_dot_product_attention(
+                        q.float(), k.float(), v.float(), need_weights=True
+                    )[0].bfloat16(),
+                },
+                repeats * 20,
+            )
+        print(
+            f"one bf16 query, {S} keys: fused kernel {t['fused'] * 1e6:.0f} us, explicit in fp32 "
+            f"{t['explicit fp32'] * 1e6:.0f} us ({t['fused'] / t['explicit fp32']:.1f}x)"
+        )
 
 
 def bf16_error() -> None:

@@ -16,14 +16,18 @@ from scratchformer.tasks.captioning import load_captioner, plot_caption_examples
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", default="runs/flickr8k/best")
     parser.add_argument("--flickr8k", default="../shared/data/flickr8k")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--out-dir", default="docs/figures")
     parser.add_argument("--first", type=int, default=0, help="index of the first photo shown (split order)")
     parser.add_argument("--count", type=int, default=4)
-    parser.add_argument("--attention", type=int, default=0, help="which of the shown photos gets the attention figure")
+    parser.add_argument(
+        "--attention", type=int, default=0, help="which of the shown photos gets the attention figure"
+    )
     parser.add_argument("--beam", type=int, default=None, help="default: the recipe's")
     args = parser.parse_args()
 
@@ -36,13 +40,19 @@ def main() -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     beam = args.beam or captioner.decoding.get("beam_size", 3)
-    plot_caption_examples(photos, hypotheses, references, out / "flickr8k_dev.png",
-                          f"Flickr8k {args.split} photos {args.first}-{args.first + len(names) - 1}, beam {beam}")
+    plot_caption_examples(
+        photos,
+        hypotheses,
+        references,
+        out / "flickr8k_dev.png",
+        f"Flickr8k {args.split} photos {args.first}-{args.first + len(names) - 1}, beam {beam}",
+    )
     for name, hyp in zip(names, hypotheses):
         print(f"{name}\t{hyp}")
     with torch.no_grad():
-        words = captioner.plot_attention(features[args.attention], out / "flickr8k_attention.png",
-                                         photo=photos[args.attention])
+        words = captioner.plot_attention(
+            features[args.attention], out / "flickr8k_attention.png", photo=photos[args.attention]
+        )
     print(f"{out / 'flickr8k_attention.png'} ({names[args.attention]}): {' '.join(words)}")
 
 

@@ -34,8 +34,11 @@ def read_lines(path: str, n: int) -> list[str]:
 
 def cpu_name() -> str:
     try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
+        return next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
 
@@ -70,8 +73,14 @@ def main() -> None:
         real_tgt = torch.ones_like(greedy, dtype=torch.bool)
         real_tgt[:, 1:] = greedy[:, 1:] != pad
         src_mask = batch.attention_mask.bool()
-        encoder_diff = max(encoder_diff, float((ours.model.encode(batch.input_ids, src_mask)
-                                                - ref.encoder_last_hidden_state).abs()[src_mask].max()))
+        encoder_diff = max(
+            encoder_diff,
+            float(
+                (ours.model.encode(batch.input_ids, src_mask) - ref.encoder_last_hidden_state)
+                .abs()[src_mask]
+                .max()
+            ),
+        )
         logits = ours.model(batch.input_ids, greedy, src_padding_mask=src_mask)
         logits_diff = max(logits_diff, float((logits - ref.logits).abs()[real_tgt].max()))
         outputs["greedy"][0] += ours.translate(chunk, beam_size=1)
@@ -79,13 +88,21 @@ def main() -> None:
         t0 = time.perf_counter()
         outputs["beam"][0] += ours.translate(chunk, beam_size=args.beam)
         t1 = time.perf_counter()
-        beam = hf.generate(**batch, num_beams=args.beam, max_length=limit + 1, early_stopping=False,
-                           length_penalty=ours.decoding.get("length_penalty", 1.0))
+        beam = hf.generate(
+            **batch,
+            num_beams=args.beam,
+            max_length=limit + 1,
+            early_stopping=False,
+            length_penalty=ours.decoding.get("length_penalty", 1.0),
+        )
         seconds[0], seconds[1] = seconds[0] + t1 - t0, seconds[1] + time.perf_counter() - t1
         outputs["beam"][1] += tokenizer.batch_decode(beam, skip_special_tokens=True)
 
-    print(f"{args.directory}: {len(texts)} sentences of {args.source}; {cpu_name()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, float32")
+    print(
+        f"{args.directory}: {len(texts)} sentences of {args.source}; "
+        f"{cpu_name()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, float32"
+    )
     print(f"token ids equal to the Hugging Face tokenizer's: {same_ids}/{len(texts)}")
     print(f"max |ours - MarianMTModel|: encoder states {encoder_diff:.2e}, decoder logits {logits_diff:.2e}")
     for kind, (mine, theirs) in outputs.items():
@@ -93,7 +110,10 @@ def main() -> None:
         line = f"{kind}: identical outputs {same}/{len(texts)}"
         if args.reference:
             refs = read_lines(args.reference, args.n)
-            line += f"; sacreBLEU ours {bleu_and_chrf(mine, refs)['bleu']:.2f}, theirs {bleu_and_chrf(theirs, refs)['bleu']:.2f}"
+            line += (
+                f"; sacreBLEU ours {bleu_and_chrf(mine, refs)['bleu']:.2f}, "
+                f"theirs {bleu_and_chrf(theirs, refs)['bleu']:.2f}"
+            )
         print(line)
     print(f"beam {args.beam} decoding time, ours / MarianMTModel.generate: {seconds[0] / seconds[1]:.2f}x")
 

@@ -19,13 +19,27 @@ import sys
 import time
 from pathlib import Path
 
-D256 = {"d_model": 256, "num_heads": 4, "num_layers": 4, "d_ff": 1024, "max_len": 512, "dropout": 0.0,
-        "attention_dropout": 0.0}
+D256 = {
+    "d_model": 256,
+    "num_heads": 4,
+    "num_layers": 4,
+    "d_ff": 1024,
+    "max_len": 512,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+}
 D128 = {**D256, "d_model": 128, "num_heads": 2, "d_ff": 512}
 SIN = {"positional": "sinusoidal", "scale_embedding": True}
 FT256 = {"name": "ft256_lr1e-4", "max_length": 256, "head_length": 64, "lr": 1e-4, "epochs": 1, "warmup": 70}
 FT512 = {"name": "ft512_lr1e-4", "max_length": 512, "head_length": 128, "lr": 1e-4, "epochs": 1, "warmup": 70}
-FT512_3 = {"name": "ft512_lr3e-4_3ep", "max_length": 512, "head_length": 128, "lr": 3e-4, "epochs": 3, "warmup": 200}
+FT512_3 = {
+    "name": "ft512_lr3e-4_3ep",
+    "max_length": 512,
+    "head_length": 128,
+    "lr": 3e-4,
+    "epochs": 3,
+    "warmup": 200,
+}
 
 # name: (recipe overrides, steps, peak lr, fine-tunings). Steps: what 55 min of the 2-core CPU hold.
 VARIANTS = {
@@ -33,7 +47,12 @@ VARIANTS = {
     "d256_lr1.5e-3": ({"model": D256}, 1500, 1.5e-3, [FT256, FT512]),
     "d256_whole_word": ({"model": D256, "whole_word": True}, 1500, 7e-4, [FT256, FT512]),
     "d256_T512": ({"model": D256, "max_length": 512}, 1150, 7e-4, [FT256, FT512]),
-    "d192_l4_learned": ({"model": {**D256, "d_model": 192, "num_heads": 3, "d_ff": 768}}, 2400, 1e-3, [FT256, FT512]),
+    "d192_l4_learned": (
+        {"model": {**D256, "d_model": 192, "num_heads": 3, "d_ff": 768}},
+        2400,
+        1e-3,
+        [FT256, FT512],
+    ),
     "d256_pre_ln": ({"model": {**D256, "norm_first": True}}, 1500, 1e-3, []),
     "d256_mask40": ({"model": D256, "mask_rate": 0.4}, 1500, 7e-4, []),
     "d256_sinusoidal": ({"model": {**D256, **SIN}}, 1500, 1e-3, []),
@@ -54,23 +73,58 @@ def run(name: str, args: argparse.Namespace) -> dict:
         mlm.bert_problems = lambda config: []
         mlm.export_masked_lm = lambda checkpoint, directory: None
     out = Path(args.out) / name
-    recipe = mlm.MLMRecipe.from_json(args.recipe, tokenizer=args.tokenizer, **overrides, train={
-        "out_dir": str(out), "max_steps": steps, "lr": lr, "warmup_steps": steps // 10, "eval_every": 250,
-        "progress": False, "overwrite": True, "device": args.device})
+    recipe = mlm.MLMRecipe.from_json(
+        args.recipe,
+        tokenizer=args.tokenizer,
+        **overrides,
+        train={
+            "out_dir": str(out),
+            "max_steps": steps,
+            "lr": lr,
+            "warmup_steps": steps // 10,
+            "eval_every": 250,
+            "progress": False,
+            "overwrite": True,
+            "device": args.device,
+        },
+    )
     start = time.time()
     report = mlm.pretrain_mlm(recipe, data_dir=args.data_dir)
-    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval/loss" in line]
-    result = {"variant": name, "steps": steps, "seconds": round(time.time() - start),
-              "mlm": [[e["step"], round(e["eval/loss"], 3), round(e["eval/accuracy"], 4)] for e in evals], "finetune": {}}
+    evals = [
+        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval/loss" in line
+    ]
+    result = {
+        "variant": name,
+        "steps": steps,
+        "seconds": round(time.time() - start),
+        "mlm": [[e["step"], round(e["eval/loss"], 3), round(e["eval/accuracy"], 4)] for e in evals],
+        "finetune": {},
+    }
     for ft in finetunes:
         ft_out = Path(args.out) / f"{name}-{ft['name']}"
-        recipe = ClassifierRecipe.from_json(args.finetune, pretrained=report["export"], test_file=None,
-                                            max_length=ft["max_length"], head_length=ft["head_length"], train={
-                                                "out_dir": str(ft_out), "lr": ft["lr"], "epochs": ft["epochs"], "warmup_steps": ft["warmup"],
-                                                "eval_every": 250, "progress": False, "overwrite": True,
-                                                "device": args.device})
+        recipe = ClassifierRecipe.from_json(
+            args.finetune,
+            pretrained=report["export"],
+            test_file=None,
+            max_length=ft["max_length"],
+            head_length=ft["head_length"],
+            train={
+                "out_dir": str(ft_out),
+                "lr": ft["lr"],
+                "epochs": ft["epochs"],
+                "warmup_steps": ft["warmup"],
+                "eval_every": 250,
+                "progress": False,
+                "overwrite": True,
+                "device": args.device,
+            },
+        )
         train_classifier(recipe, data_dir=args.data_dir)
-        curve = [json.loads(line) for line in (ft_out / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in line]
+        curve = [
+            json.loads(line)
+            for line in (ft_out / "metrics.jsonl").read_text().splitlines()
+            if "eval/accuracy" in line
+        ]
         result["finetune"][ft["name"]] = [[e["step"], round(e["eval/accuracy"], 4)] for e in curve]
     return result
 

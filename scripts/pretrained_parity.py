@@ -43,7 +43,9 @@ def main() -> None:
     from transformers import BertModel
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
+    parser.add_argument(
+        "--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+    )
     parser.add_argument("--model", type=Path, default=default_model_dir())
     parser.add_argument("--n", type=int, default=999)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -52,8 +54,10 @@ def main() -> None:
     texts = load_texts(args.data, args.n)
     ours = SentenceEncoder.from_pretrained(args.model)
     hf = BertModel.from_pretrained(str(args.model)).eval()
-    print(f"{len(texts)} texts; torch {torch.__version__}; {platform.machine()} {os.cpu_count()} CPUs; "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"{len(texts)} texts; torch {torch.__version__}; {platform.machine()} {os.cpu_count()} CPUs; "
+        f"{torch.get_num_threads()} threads"
+    )
 
     exact = load_bert_encoder(args.model).double()  # float64: the same function, ~exact
     n_states = ours.encoder.config.num_layers + 1
@@ -66,8 +70,12 @@ def main() -> None:
             t0 = time.perf_counter()
             _, hidden = ours.encoder(batch.ids, batch.padding_mask, batch.type_ids, output_hidden_states=True)
             t1 = time.perf_counter()
-            ref = hf(input_ids=batch.ids, attention_mask=batch.padding_mask.long(),
-                     token_type_ids=batch.type_ids, output_hidden_states=True).hidden_states
+            ref = hf(
+                input_ids=batch.ids,
+                attention_mask=batch.padding_mask.long(),
+                token_type_ids=batch.type_ids,
+                output_hidden_states=True,
+            ).hidden_states
             t2 = time.perf_counter()
             _, truth = exact(batch.ids, batch.padding_mask, batch.type_ids, output_hidden_states=True)
         t_ours, t_hf = t_ours + t1 - t0, t_hf + t2 - t1

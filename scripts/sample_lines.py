@@ -1,6 +1,7 @@
 """A seeded random sample of a JSONL file's lines (.gz ok), for a cheaper but reproducible measurement.
 
-    python scripts/sample_lines.py ../shared/data/imdb/test.jsonl.gz /tmp/imdb_test_5000.jsonl.gz 5000 --seed 0
+    python scripts/sample_lines.py ../shared/data/imdb/test.jsonl.gz /tmp/imdb_test_5000.jsonl.gz \\
+        5000 --seed 0
 
 The sample keeps the file's order; the same seed picks the same lines.
 """
@@ -28,7 +29,11 @@ def main() -> None:
         raise SystemExit(f"count must be in [1, {len(lines)}] (the lines of {args.source}), got {args.count}")
     keep = sorted(random.Random(args.seed).sample(range(len(lines)), args.count))
     gz = args.target.suffix == ".gz"
-    with gzip.open(args.target, "wt", encoding="utf-8") if gz else open(args.target, "w", encoding="utf-8") as f:
+    with (
+        gzip.open(args.target, "wt", encoding="utf-8")
+        if gz
+        else open(args.target, "w", encoding="utf-8") as f
+    ):
         f.writelines(lines[i] for i in keep)
     print(f"{args.count} of {len(lines)} lines -> {args.target}")
 

@@ -43,7 +43,9 @@ class EqualBatchTask:
         self.batch = batch
 
     def batches(self, epoch: int, seed: int) -> list[list[int]]:
-        perm = torch.randperm(N_EXAMPLES, generator=torch.Generator().manual_seed(seed * 100 + epoch)).tolist()
+        perm = torch.randperm(
+            N_EXAMPLES, generator=torch.Generator().manual_seed(seed * 100 + epoch)
+        ).tolist()
         return [perm[i : i + self.batch] for i in range(0, N_EXAMPLES, self.batch)]
 
     def loss(self, model: nn.Module, batch: list[int], device: torch.device) -> tuple[Tensor, int]:
@@ -65,14 +67,34 @@ def toy_model(dropout: float) -> nn.Module:
 
 
 def equivalence_config(out: Path, **overrides: Any) -> TrainConfig:
-    settings: dict[str, Any] = {"out_dir": str(out), "epochs": 3, "lr": 1e-2, "warmup_steps": 3, "log_every": 1,
-                                "progress": False, "seed": 7, "grad_accum": 2, "device": "cpu"}
+    settings: dict[str, Any] = {
+        "out_dir": str(out),
+        "epochs": 3,
+        "lr": 1e-2,
+        "warmup_steps": 3,
+        "log_every": 1,
+        "progress": False,
+        "seed": 7,
+        "grad_accum": 2,
+        "device": "cpu",
+    }
     return TrainConfig(**{**settings, **overrides})
 
 
 def resume_config(out: Path) -> TrainConfig:
-    return TrainConfig(out_dir=str(out), epochs=5, lr=3e-3, warmup_steps=3, log_every=1, progress=False, seed=7,
-                       grad_accum=2, save_every=5, eval_every=4, device="cpu")
+    return TrainConfig(
+        out_dir=str(out),
+        epochs=5,
+        lr=3e-3,
+        warmup_steps=3,
+        log_every=1,
+        progress=False,
+        seed=7,
+        grad_accum=2,
+        save_every=5,
+        eval_every=4,
+        device="cpu",
+    )
 
 
 def write_losses(out: Path, losses: list[float]) -> None:
@@ -84,11 +106,15 @@ def run(out: Path, scenario: str) -> None:
     if scenario == "equivalence":
         model = toy_model(dropout=0.0)
         result = Trainer(model, EqualBatchTask(batch=4), equivalence_config(out)).fit()
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / f"params-rank{rank}.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items()},
+            str(out / f"params-rank{rank}.safetensors"),
+        )
         write_losses(out, result.losses)
     elif scenario == "full":
         write_losses(out, Trainer(toy_model(0.2), EqualBatchTask(batch=4), resume_config(out)).fit().losses)
     elif scenario == "crash":
+
         def fail_on_rank_1(step: int, loss: float) -> None:
             if step == 13 and rank == 1:
                 raise RuntimeError("deliberate failure on rank 1 at step 13")

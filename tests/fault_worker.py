@@ -26,7 +26,9 @@ class SlowToyTask:
         self.y = self.x @ torch.randn(6, 1, generator=gen)
 
     def batches(self, epoch: int, seed: int) -> list[list[int]]:
-        perm = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(seed * 100 + epoch)).tolist()
+        perm = torch.randperm(
+            len(self.x), generator=torch.Generator().manual_seed(seed * 100 + epoch)
+        ).tolist()
         return [perm[i : i + 8] for i in range(0, len(perm), 8)]
 
     def loss(self, model: nn.Module, batch: list[int], device: torch.device) -> tuple[torch.Tensor, int]:
@@ -47,8 +49,18 @@ def main(out: Path) -> None:
     resume = any((out / name / "training_state.pt").is_file() for name in ("last", "last.old"))
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
-    config = TrainConfig(out_dir=str(out), epochs=4, lr=3e-3, warmup_steps=3, log_every=1, save_every=2,
-                         eval_every=8, progress=False, seed=7, overwrite=not resume)
+    config = TrainConfig(
+        out_dir=str(out),
+        epochs=4,
+        lr=3e-3,
+        warmup_steps=3,
+        log_every=1,
+        save_every=2,
+        eval_every=8,
+        progress=False,
+        seed=7,
+        overwrite=not resume,
+    )
     Trainer(model, SlowToyTask(), config).fit(resume=resume)
 
 

@@ -41,7 +41,15 @@ def random_attn_mask(T: int, S: int, gen: torch.Generator, batch: int | None = N
     return mask
 
 
-CASES = ["self", "cross", "self+padding", "cross+padding", "self+attn_mask", "cross+both", "self+causal+padding"]
+CASES = [
+    "self",
+    "cross",
+    "self+padding",
+    "cross+padding",
+    "self+attn_mask",
+    "cross+both",
+    "self+causal+padding",
+]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -38,7 +38,9 @@ def attention_inputs(draw, dtype=torch.float32):
         return torch.rand(shape, generator=gen) < p_allow
 
     kpm = rand(B, S) if "padding" in mask_kind else None
-    attn = {"2d": rand(T, S), "padding+2d": rand(T, S), "3d": rand(B, T, S), "4d": rand(B, H, T, S)}.get(mask_kind)
+    attn = {"2d": rand(T, S), "padding+2d": rand(T, S), "3d": rand(B, T, S), "4d": rand(B, H, T, S)}.get(
+        mask_kind
+    )
     mask = expand_attention_mask(kpm, attn, B, H, T, S)
     return q, k, v, mask, causal
 
@@ -132,8 +134,13 @@ def test_multi_head_attention_fully_padded_batch_row(seed, dtype) -> None:
 def test_whole_model_under_bf16_autocast_is_finite() -> None:
     torch.manual_seed(0)
     cfg = sf.TransformerConfig(
-        src_vocab_size=30, tgt_vocab_size=30, d_model=32, num_heads=4, d_ff=64,
-        num_encoder_layers=2, num_decoder_layers=2,
+        src_vocab_size=30,
+        tgt_vocab_size=30,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
     )
     model = sf.Transformer(cfg)
     src = torch.randint(1, 30, (3, 10))
@@ -150,7 +157,11 @@ def test_whole_model_under_bf16_autocast_is_finite() -> None:
 def test_large_scores_stay_finite_in_fp16_in_both_kernels() -> None:
     """q, k ~ N(0, 50^2), d_k = 64: q.k overflows fp16 unless it is scaled before the product."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (50 * torch.randn(2, 2, 8, 64, generator=gen)).half(), (50 * torch.randn(2, 2, 8, 64, generator=gen)).half(), torch.randn(2, 2, 8, 64, generator=gen).half()
+    q, k, v = (
+        (50 * torch.randn(2, 2, 8, 64, generator=gen)).half(),
+        (50 * torch.randn(2, 2, 8, 64, generator=gen)).half(),
+        torch.randn(2, 2, 8, 64, generator=gen).half(),
+    )
     mask = torch.rand(2, 1, 8, 8, generator=gen) < 0.5
     for need_weights in (False, True):
         out, _ = sf.scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)

@@ -11,8 +11,14 @@ import scratchformer as sf
 @pytest.fixture(scope="module")
 def model() -> sf.Transformer:
     cfg = sf.TransformerConfig(
-        src_vocab_size=20, tgt_vocab_size=15, d_model=16, num_heads=4, d_ff=32,
-        num_encoder_layers=1, num_decoder_layers=1, max_len=12,
+        src_vocab_size=20,
+        tgt_vocab_size=15,
+        d_model=16,
+        num_heads=4,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        max_len=12,
     )
     return sf.Transformer(cfg).eval()
 
@@ -37,8 +43,10 @@ def test_config_errors() -> None:
 
 @pytest.mark.parametrize(
     "shape, message",
-    [((2, 16), r"query: expected shape \(B, T, D\) \(3 dims\), got \(2, 16\)"),
-     ((2, 3, 8), r"query: expected shape \(B, T, D\) with last dim 16, got \(2, 3, 8\)")],
+    [
+        ((2, 16), r"query: expected shape \(B, T, D\) \(3 dims\), got \(2, 16\)"),
+        ((2, 3, 8), r"query: expected shape \(B, T, D\) with last dim 16, got \(2, 3, 8\)"),
+    ],
 )
 def test_attention_query_shape(shape, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -80,7 +88,9 @@ def test_token_ids_out_of_range(model) -> None:
 
 def test_sequence_longer_than_max_len(model) -> None:
     ok = torch.ones(2, 4, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"src: sequence length 13 exceeds the configured maximum max_len=12"):
+    with pytest.raises(
+        ValueError, match=r"src: sequence length 13 exceeds the configured maximum max_len=12"
+    ):
         model(torch.ones(2, 13, dtype=torch.long), ok)
     with pytest.raises(ValueError, match=r"tgt: sequence length 13 exceeds .* max_len=12"):
         model(ok, torch.ones(2, 13, dtype=torch.long))
@@ -101,7 +111,9 @@ def test_padding_mask_and_memory_mismatch(model) -> None:
 
 
 def test_building_blocks_name_the_wrong_width() -> None:
-    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., D\) with last dim 16, got \(2, 3, 8\)"):
+    with pytest.raises(
+        ValueError, match=r"x: expected shape \(\.\.\., D\) with last dim 16, got \(2, 3, 8\)"
+    ):
         sf.LayerNorm(16)(torch.randn(2, 3, 8))
     with pytest.raises(ValueError, match=r"x: expected shape \(B, L, D\) with last dim 16, got \(2, 3, 8\)"):
         sf.PositionwiseFeedForward(16, 32)(torch.randn(2, 3, 8))
@@ -129,7 +141,9 @@ def test_config_rejects_negative_layers_and_eps() -> None:
     with pytest.raises(ValueError, match=r"num_encoder_layers must be >= 0 \(an integer\), got -1"):
         sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, num_encoder_layers=-1)
     with pytest.raises(ValueError, match=r"num_decoder_layers must be positive \(an integer\), got 0"):
-        sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, num_decoder_layers=0)  # its cache would count no step
+        sf.TransformerConfig(
+            src_vocab_size=5, tgt_vocab_size=5, num_decoder_layers=0
+        )  # its cache would count no step
     with pytest.raises(ValueError, match="layer_norm_eps must be positive"):
         sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, layer_norm_eps=-1.0)
 
@@ -153,10 +167,14 @@ def test_cache_misuse_is_an_error() -> None:
     memory = torch.randn(3, 5, 16)
     cache = sf.KVCache()
     mha(torch.randn(3, 1, 16), memory, cache=cache, static_kv=True)
-    with pytest.raises(ValueError, match="memory: the cache holds keys/values of a memory of length 5, got length 7"):
+    with pytest.raises(
+        ValueError, match="memory: the cache holds keys/values of a memory of length 5, got length 7"
+    ):
         mha(torch.randn(3, 1, 16), torch.randn(3, 7, 16), cache=cache, static_kv=True)
     cache.reorder(torch.tensor([0, 1]))  # now batch 2
-    with pytest.raises(ValueError, match="cache: holds keys for batch size 2, but the input has batch size 3"):
+    with pytest.raises(
+        ValueError, match="cache: holds keys for batch size 2, but the input has batch size 3"
+    ):
         mha(torch.randn(3, 1, 16), cache=cache, static_kv=True)
     with pytest.raises(ValueError, match="cross-attention .* needs the memory"):
         mha(torch.randn(3, 1, 16), cache=sf.KVCache(), static_kv=True)
@@ -164,12 +182,18 @@ def test_cache_misuse_is_an_error() -> None:
 
 def test_stacks_check_their_input_before_the_masks() -> None:
     torch.manual_seed(0)
-    cfg = sf.TransformerConfig(20, 20, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
+    cfg = sf.TransformerConfig(
+        20, 20, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1
+    )
     model = sf.Transformer(cfg).eval()
     with pytest.raises(TypeError, match=r"x: expected a torch.Tensor \(B, S, D\), got list"):
         model.encoder([[1.0]])
     with pytest.raises(ValueError, match=r"x: expected shape \(B, T, D\) \(3 dims\), got \(5, 16\)"):
-        model.decoder(torch.randn(5, 16), torch.randn(5, 3, 16), tgt_key_padding_mask=torch.ones(5, 16, dtype=torch.bool))
+        model.decoder(
+            torch.randn(5, 16),
+            torch.randn(5, 3, 16),
+            tgt_key_padding_mask=torch.ones(5, 16, dtype=torch.bool),
+        )
     memory = model.encode(torch.tensor([[5, 6, 7]]))
     with pytest.raises(ValueError, match=r"src_padding_mask: expected shape \(B, S\)=\(1, 3\), got \(1, 4\)"):
         model.decode(torch.tensor([[1]]), memory, src_padding_mask=torch.ones(1, 4, dtype=torch.bool))

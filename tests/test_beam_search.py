@@ -66,8 +66,15 @@ def test_beam_search_finds_the_better_sequence_greedy_misses() -> None:
 
 def test_finished_hypotheses_stop_growing() -> None:
     model = ScriptedModel(GREEDY_TRAP)
-    hyps = beam_search(model, torch.ones(2, 3, dtype=torch.long), bos_id=BOS, eos_id=EOS,  # type: ignore[arg-type]
-                       beam_size=3, n_best=3, length_penalty=0.0)
+    hyps = beam_search(
+        model,
+        torch.ones(2, 3, dtype=torch.long),
+        bos_id=BOS,
+        eos_id=EOS,  # type: ignore[arg-type]
+        beam_size=3,
+        n_best=3,
+        length_penalty=0.0,
+    )
     for sentence in hyps:
         assert len(sentence) == 3
         for h in sentence:
@@ -95,7 +102,16 @@ def test_batch_equals_one_by_one() -> None:
     batch = beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=4, n_best=2, max_len_a=0, max_len_b=12)
     for i in range(src.shape[0]):
         n = int((src[i] != PAD).sum())
-        single = beam_search(model, src[i : i + 1, :n], bos_id=BOS, eos_id=EOS, beam_size=4, n_best=2, max_len_a=0, max_len_b=12)
+        single = beam_search(
+            model,
+            src[i : i + 1, :n],
+            bos_id=BOS,
+            eos_id=EOS,
+            beam_size=4,
+            n_best=2,
+            max_len_a=0,
+            max_len_b=12,
+        )
         assert [h.tokens for h in batch[i]] == [h.tokens for h in single[0]]
         assert [h.score for h in batch[i]] == pytest.approx([h.score for h in single[0]], abs=1e-4)
 
@@ -126,7 +142,14 @@ def test_does_not_stop_at_the_first_k_short_finishes() -> None:
     """With beam 2, '' and 'B' finish first; stopping there (fairseq's rule) would miss 'A A',
     whose normalised score (log 0.4 / 3 = -0.31) beats both (-1.20 and -0.80)."""
     table = {(): {A: 0.5, EOS: 0.3, B: 0.2}, (A,): {A: 0.8, EOS: 0.2}, (B,): {EOS: 1.0}, (A, A): {EOS: 1.0}}
-    hyps = beam_search(ScriptedModel(table), torch.ones(1, 2, dtype=torch.long), bos_id=BOS, eos_id=EOS,  # type: ignore[arg-type]
-                       beam_size=2, n_best=2, length_penalty=1.0)[0]
+    hyps = beam_search(
+        ScriptedModel(table),
+        torch.ones(1, 2, dtype=torch.long),
+        bos_id=BOS,
+        eos_id=EOS,  # type: ignore[arg-type]
+        beam_size=2,
+        n_best=2,
+        length_penalty=1.0,
+    )[0]
     assert hyps[0].tokens == [A, A, EOS]
     assert hyps[0].score == pytest.approx(math.log(0.4) / 3)

@@ -15,23 +15,43 @@ from benchmarks.suite import padded_lengths
 
 def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
     groups = "peak,inference,training,seq2seq,decoding,precision"
-    raw = run.main(["--size", "smoke", "--only", groups, "--repeats", "2", "--in-process", "--out", str(tmp_path)])
+    raw = run.main(
+        ["--size", "smoke", "--only", groups, "--repeats", "2", "--in-process", "--out", str(tmp_path)]
+    )
     md = (tmp_path / "smoke-cpu.md").read_text()
-    for header in ("matmul peak", "encoder inference B4xT16, 25% padding, fp32", "encoder inference B4xT16, bf16",
-                   "encoder training step (forward, backward, AdamW), bf16", "encoder-decoder training step",
-                   "decoding batch 2, 4 new tokens, bf16", "bf16 vs fp32", "Targets (issue 17)"):
+    for header in (
+        "matmul peak",
+        "encoder inference B4xT16, 25% padding, fp32",
+        "encoder inference B4xT16, bf16",
+        "encoder training step (forward, backward, AdamW), bf16",
+        "encoder-decoder training step",
+        "decoding batch 2, 4 new tokens, bf16",
+        "bf16 vs fp32",
+        "Targets (issue 17)",
+    ):
         assert header in md
     assert (tmp_path / "smoke-cpu.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "smoke-cpu.json").read_text())
     assert saved["command"] == raw["command"]
     cases = [c for g in saved["groups"] for c in g["cases"]]
     assert len(cases) >= 80
-    assert all(len(c["times_s"]) == g["repeats"] >= 2 and min(c["times_s"]) > 0
-               for g in saved["groups"] for c in g["cases"])
+    assert all(
+        len(c["times_s"]) == g["repeats"] >= 2 and min(c["times_s"]) > 0
+        for g in saved["groups"]
+        for c in g["cases"]
+    )
     impls = {c["impl"] for c in cases}
-    assert {"scratchformer Encoder, skip_padding", "torch.nn fast path", "transformers BertModel",
-            "torch.nn.Transformer", "greedy, recompute prefix", "beam 5, KV cache"} <= impls
-    by_precision = {p: [c for g in saved["groups"] if g["precision"] == p for c in g["cases"]] for p in ("fp32", "bf16")}
+    assert {
+        "scratchformer Encoder, skip_padding",
+        "torch.nn fast path",
+        "transformers BertModel",
+        "torch.nn.Transformer",
+        "greedy, recompute prefix",
+        "beam 5, KV cache",
+    } <= impls
+    by_precision = {
+        p: [c for g in saved["groups"] if g["precision"] == p for c in g["cases"]] for p in ("fp32", "bf16")
+    }
     assert len(by_precision["fp32"]) == len(by_precision["bf16"]) >= 40  # every row in both precisions
     assert all(c["precision"] == p for p, cs in by_precision.items() for c in cs)
     targets = saved["targets"]
@@ -40,7 +60,20 @@ def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
 
 
 def test_one_precision_and_the_compile_time(tmp_path: Path) -> None:
-    run.main(["--size", "smoke", "--only", "compile", "--precision", "bf16", "--repeats", "1", "--out", str(tmp_path)])
+    run.main(
+        [
+            "--size",
+            "smoke",
+            "--only",
+            "compile",
+            "--precision",
+            "bf16",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     md = (tmp_path / "smoke-cpu-bf16.md").read_text()
     assert "torch.compile vs eager, bf16" in md and "fp32" not in md.split("## ", 2)[-1]
     assert re.search(r"the first call compiled in \d+\.\d s", md)
@@ -48,9 +81,11 @@ def test_one_precision_and_the_compile_time(tmp_path: Path) -> None:
 
 def test_interleaving_and_padding_lengths() -> None:
     order: list[str] = []
-    group = Group("g", [Case("r", name, lambda name=name: order.append(name), 1) for name in "abc"], repeats=2)
+    group = Group(
+        "g", [Case("r", name, lambda name=name: order.append(name), 1) for name in "abc"], repeats=2
+    )
     run_group(group, run.torch.device("cpu"), log=lambda _: None)
-    assert order == list("abc" "bca" "cab")  # rotated every round, warm-up round included
+    assert order == list("abcbcacab")  # rotated every round, warm-up round included
     assert all(len(c.times) == 2 for c in group.cases)
     lengths = padded_lengths(32, 128, 0.25)
     assert sum(lengths) == 32 * 128 * 3 // 4 and max(lengths) <= 128 and min(lengths) >= 64
@@ -64,10 +99,29 @@ def test_bad_arguments_are_named() -> None:
 def test_profile_of_one_row_names_every_implementation(tmp_path: Path) -> None:
     from benchmarks import profile
 
-    profile.main(["--size", "smoke", "--group", "training", "--row", "B2xT16", "--precision", "bf16", "--rounds", "1",
-                  "--out", str(tmp_path)])
+    profile.main(
+        [
+            "--size",
+            "smoke",
+            "--group",
+            "training",
+            "--row",
+            "B2xT16",
+            "--precision",
+            "bf16",
+            "--rounds",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     text = (tmp_path / "profile-training-B2xT16-bf16.txt").read_text()
-    for impl in ("scratchformer Encoder", "torch.nn", "scratchformer ContextualEncoder", "transformers BertModel"):
+    for impl in (
+        "scratchformer Encoder",
+        "torch.nn",
+        "scratchformer ContextualEncoder",
+        "transformers BertModel",
+    ):
         assert f"== {impl}: " in text
     assert "aten::" in text
     with pytest.raises(SystemExit):

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from scratchformer import CaptioningConfig, CaptioningTransformer, PatchEmbedding, beam_search, greedy_decode
+from scratchformer.cli import main
 from scratchformer.data.captions import (
     CaptionExamples,
     Vocabulary,
@@ -20,22 +21,31 @@ from scratchformer.data.captions import (
     save_caption_folder,
     tokenize_caption,
 )
-from scratchformer.cli import main
+from scratchformer.data.shapes import COLOURS, held_out_pairs, shape_scene_splits
 from scratchformer.tasks.captioning import (
     CaptioningRecipe,
     caption_scores,
     load_captioner,
     train_captioner,
 )
-from scratchformer.data.shapes import COLOURS, held_out_pairs, shape_scene_splits
 from scratchformer.training import TrainConfig
 
 END = Vocabulary.end_id
 
 
 def tiny_config(**overrides) -> CaptioningConfig:
-    args = {"vocab_size": 30, "image_size": 16, "patch_size": 4, "d_model": 32, "num_heads": 2, "d_ff": 64,
-            "num_encoder_layers": 1, "num_decoder_layers": 2, "dropout": 0.0, "max_len": 12}
+    args = {
+        "vocab_size": 30,
+        "image_size": 16,
+        "patch_size": 4,
+        "d_model": 32,
+        "num_heads": 2,
+        "d_ff": 64,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 2,
+        "dropout": 0.0,
+        "max_len": 12,
+    }
     return CaptioningConfig(**{**args, **overrides})
 
 
@@ -124,8 +134,16 @@ def test_generation_stops_at_end() -> None:
     out = greedy_decode(model, torch.rand(2, 3, 16, 16), bos_id=1, eos_id=END, max_len_a=0.0, max_len_b=11)
     assert out.tolist() == [[5, 6, END]] * 2 and len(calls) == 3
     calls.clear()
-    hyps = beam_search(model, torch.rand(1, 3, 16, 16), bos_id=1, eos_id=END, beam_size=2, n_best=2,
-                       max_len_a=0.0, max_len_b=11)
+    hyps = beam_search(
+        model,
+        torch.rand(1, 3, 16, 16),
+        bos_id=1,
+        eos_id=END,
+        beam_size=2,
+        n_best=2,
+        max_len_a=0.0,
+        max_len_b=11,
+    )
     assert hyps[0][0].tokens == [5, 6, END]
     assert all(h.tokens.count(END) == 1 and h.tokens[-1] == END for h in hyps[0])
 
@@ -173,8 +191,12 @@ def test_cs231n_files_load_from_hdf5_and_npz(tmp_path: Path) -> None:
     for row, text in zip(captions, texts):
         ids = [vocab.start_id] + vocab.encode(text) + [vocab.end_id]
         row[: len(ids)] = ids
-    arrays = {"train_captions": captions, "train_image_idxs": np.array([0, 1, 0, 2, 1]),
-              "val_captions": captions[:2], "val_image_idxs": np.array([1, 0])}
+    arrays = {
+        "train_captions": captions,
+        "train_image_idxs": np.array([0, 1, 0, 2, 1]),
+        "val_captions": captions[:2],
+        "val_image_idxs": np.array([1, 0]),
+    }
     features = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
     (tmp_path / "coco2014_vocab.json").write_text(json.dumps(vocab.to_json()))
     h5py = pytest.importorskip("h5py")
@@ -187,7 +209,11 @@ def test_cs231n_files_load_from_hdf5_and_npz(tmp_path: Path) -> None:
 
     train, loaded_vocab = load_cs231n_captions(tmp_path, "train")
     assert loaded_vocab.words == vocab.words
-    assert train.references == [["a dog runs", "a dog"], ["a cat sleeps", "a dog runs"], ["a cat sleeps on a mat"]]
+    assert train.references == [
+        ["a dog runs", "a dog"],
+        ["a cat sleeps", "a dog runs"],
+        ["a cat sleeps on a mat"],
+    ]
     torch.testing.assert_close(train.inputs, torch.from_numpy(features))
     val, _ = load_cs231n_captions(tmp_path, "val")  # .npz features next to .h5 captions
     assert val.references == [["a cat sleeps"], ["a dog runs"]]  # grouped by image index
@@ -255,11 +281,15 @@ def test_unk_is_one_token_ids_text_ids_round_trip_and_scoring() -> None:
     assert caption_words("the <Unk>.") == ["the", "<unk>"]
     assert "<unk>" not in Vocabulary.build(["a <UNK> dog"]).words
     hyps = ["a man in a <UNK> shirt is riding a bike", "a dog runs on the <UNK>"]
-    refs = [["a man in a striped shirt is riding a bike .", "a man rides a bicycle ."],
-            ["a dog runs on the beach .", "a brown dog running on sand ."]]
+    refs = [
+        ["a man in a striped shirt is riding a bike .", "a man rides a bicycle ."],
+        ["a dog runs on the beach .", "a brown dog running on sand ."],
+    ]
     ptb_res = {0: ["a man in a <unk> shirt is riding a bike"], 1: ["a dog runs on the <unk>"]}  # PTB's output
-    ptb_gts = {0: ["a man in a striped shirt is riding a bike", "a man rides a bicycle"],
-               1: ["a dog runs on the beach", "a brown dog running on sand"]}
+    ptb_gts = {
+        0: ["a man in a striped shirt is riding a bike", "a man rides a bicycle"],
+        1: ["a dog runs on the beach", "a brown dog running on sand"],
+    }
     bleu, _ = Bleu(4).compute_score(ptb_gts, ptb_res, verbose=0)
     scores = caption_scores(hyps, refs)
     assert [scores[f"bleu{n}"] for n in range(1, 5)] == pytest.approx([100 * b for b in bleu])
@@ -273,12 +303,18 @@ def test_caption_scores_are_pycocoevalcap_against_every_reference() -> None:
     from pycocoevalcap.cider.cider import Cider
 
     hyps = ["A red circle above a blue square.", "a small cat", "two dogs play in the snow"]
-    refs = [["a blue square below a red circle", "A red circle above a blue square ."], ["one small cat"],
-            ["Two dogs are playing in the snow.", "dogs in snow", "two brown dogs run through snow"]]
+    refs = [
+        ["a blue square below a red circle", "A red circle above a blue square ."],
+        ["one small cat"],
+        ["Two dogs are playing in the snow.", "dogs in snow", "two brown dogs run through snow"],
+    ]
     scores = caption_scores(hyps, refs)
     res = {0: ["a red circle above a blue square"], 1: ["a small cat"], 2: ["two dogs play in the snow"]}
-    gts = {0: ["a blue square below a red circle", "a red circle above a blue square"], 1: ["one small cat"],
-           2: ["two dogs are playing in the snow", "dogs in snow", "two brown dogs run through snow"]}
+    gts = {
+        0: ["a blue square below a red circle", "a red circle above a blue square"],
+        1: ["one small cat"],
+        2: ["two dogs are playing in the snow", "dogs in snow", "two brown dogs run through snow"],
+    }
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     cider, _ = Cider().compute_score(gts, res)
     for n in range(4):
@@ -294,14 +330,34 @@ def test_caption_scores_are_pycocoevalcap_against_every_reference() -> None:
 
 def tiny_recipe(tmp_path: Path, **train) -> CaptioningRecipe:
     return CaptioningRecipe(
-        data="shapes", shapes={"seed": 0, "train_size": 16, "valid_size": 16, "test_size": 8},
-        batch_size=16, label_smoothing=0.0,
-        model={"patch_size": 16, "d_model": 48, "num_heads": 2, "d_ff": 96, "num_encoder_layers": 1,
-               "num_decoder_layers": 1, "dropout": 0.0, "max_len": 24},
+        data="shapes",
+        shapes={"seed": 0, "train_size": 16, "valid_size": 16, "test_size": 8},
+        batch_size=16,
+        label_smoothing=0.0,
+        model={
+            "patch_size": 16,
+            "d_model": 48,
+            "num_heads": 2,
+            "d_ff": 96,
+            "num_encoder_layers": 1,
+            "num_decoder_layers": 1,
+            "dropout": 0.0,
+            "max_len": 24,
+        },
         decoding={"beam_size": 2},
-        train=TrainConfig(**{"out_dir": str(tmp_path / "run"), "max_steps": 300, "lr": 1e-2, "warmup_steps": 20,
-                             "eval_every": 300, "best_metric": "bleu4", "best_mode": "max", "progress": False,
-                             **train}),
+        train=TrainConfig(
+            **{
+                "out_dir": str(tmp_path / "run"),
+                "max_steps": 300,
+                "lr": 1e-2,
+                "warmup_steps": 20,
+                "eval_every": 300,
+                "best_metric": "bleu4",
+                "best_mode": "max",
+                "progress": False,
+                **train,
+            }
+        ),
     )
 
 
@@ -322,8 +378,23 @@ def test_cli_train_captioner_caption_and_attention_png(tmp_path: Path, capsys) -
     recipe_file = tmp_path / "recipe.json"
     recipe = tiny_recipe(tmp_path)
     recipe_file.write_text(json.dumps({**recipe.to_dict(), "train": {"lr": 3e-3, "warmup_steps": 5}}))
-    assert main(["train", "captioner", "--config", str(recipe_file), "--out", str(tmp_path / "run"),
-                 "--max-steps", "20", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "captioner",
+                "--config",
+                str(recipe_file),
+                "--out",
+                str(tmp_path / "run"),
+                "--max-steps",
+                "20",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["test"]["test_seen"]["greedy"]["n"] == 8
 
@@ -332,18 +403,71 @@ def test_cli_train_captioner_caption_and_attention_png(tmp_path: Path, capsys) -
     pngs = sorted(str(p) for p in (tmp_path / "scenes").glob("*.png"))
     assert len(pngs) == 2 and (tmp_path / "scenes" / "captions.tsv").exists()
     checkpoint = str(tmp_path / "run" / "best")
-    assert main(["caption", "--checkpoint", checkpoint, *pngs, "--beam", "1",
-                 "--attention-png", str(tmp_path / "att.png")]) == 0
+    assert (
+        main(
+            [
+                "caption",
+                "--checkpoint",
+                checkpoint,
+                *pngs,
+                "--beam",
+                "1",
+                "--attention-png",
+                str(tmp_path / "att.png"),
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith(p + "\t") for line, p in zip(lines, pngs))
     assert (tmp_path / "att-0.png").stat().st_size > 0 and (tmp_path / "att-1.png").stat().st_size > 0
-    assert main(["caption", "--checkpoint", checkpoint, *pngs, "--beam", "3", "--nbest", "2", "--lenpen", "0.6",
-                 "--no-repeat-ngram", "2", "--min-len", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "caption",
+                "--checkpoint",
+                checkpoint,
+                *pngs,
+                "--beam",
+                "3",
+                "--nbest",
+                "2",
+                "--lenpen",
+                "0.6",
+                "--no-repeat-ngram",
+                "2",
+                "--min-len",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["image"] for r in rows] == pngs and all(len(r["nbest"]) == 2 for r in rows)
     assert all(r["generated_text"] == r["nbest"][0]["text"] and len(r["tokens"]) >= 2 for r in rows)
-    assert main(["caption", "--checkpoint", checkpoint, pngs[0], "--sampling", "--top-p", "0.9", "--temperature",
-                 "0.8", "--seed", "3", "--nbest", "3", "--prefix", "a"]) == 0
+    assert (
+        main(
+            [
+                "caption",
+                "--checkpoint",
+                checkpoint,
+                pngs[0],
+                "--sampling",
+                "--top-p",
+                "0.9",
+                "--temperature",
+                "0.8",
+                "--seed",
+                "3",
+                "--nbest",
+                "3",
+                "--prefix",
+                "a",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all(line.split("\t")[3].startswith("a ") for line in lines)
 
@@ -352,8 +476,21 @@ def test_cli_train_captioner_caption_and_attention_png(tmp_path: Path, capsys) -
     Image.new("RGB", (32, 32)).save(tmp_path / "small.png")
     with pytest.raises(SystemExit, match="32x32.*64x64"):
         main(["caption", "--checkpoint", checkpoint, str(tmp_path / "small.png")])
-    assert main(["evaluate", "--checkpoint", checkpoint, "--captions", str(tmp_path / "scenes" / "captions.tsv"),
-                 "--images", str(tmp_path / "scenes"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                checkpoint,
+                "--captions",
+                str(tmp_path / "scenes" / "captions.tsv"),
+                "--images",
+                str(tmp_path / "scenes"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["n"] == 2
 
 
@@ -386,7 +523,9 @@ def test_a_run_killed_in_scst_before_its_first_save_resumes(tmp_path: Path, monk
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]  # the killed attempt's step 1 not kept
 
 
-def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
     from test_generation_cli import spy_on_decoding
 
     recipe = tiny_recipe(tmp_path, max_steps=1, warmup_steps=0, eval_every=0)
@@ -394,8 +533,18 @@ def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(tmp_path: 
     train_captioner(recipe)
     tsv = save_caption_folder(shape_scene_splits(**recipe.shapes)["test_seen"], tmp_path / "scenes")
     batches = spy_on_decoding(monkeypatch, "captioning.captioner")  # where Captioner decodes
-    args = ["evaluate", "--checkpoint", str(tmp_path / "run" / "best"), "--captions", str(tsv),
-            "--images", str(tmp_path / "scenes"), "--device", "cpu", "--json"]
+    args = [
+        "evaluate",
+        "--checkpoint",
+        str(tmp_path / "run" / "best"),
+        "--captions",
+        str(tsv),
+        "--images",
+        str(tmp_path / "scenes"),
+        "--device",
+        "cpu",
+        "--json",
+    ]
     capsys.readouterr()
     assert main([*args, "--batch-size", "2", "--precision", "bf16"]) == 0
     assert batches == [(2, True), (2, True), (1, True)] and json.loads(capsys.readouterr().out)["n"] == 5
@@ -405,5 +554,7 @@ def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(tmp_path: 
 
 
 def test_committed_recipe_is_valid() -> None:
-    recipe = CaptioningRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "shapes_captioning.json")
+    recipe = CaptioningRecipe.from_json(
+        Path(__file__).resolve().parents[1] / "recipes" / "shapes_captioning.json"
+    )
     assert recipe.data == "shapes" and recipe.train.best_metric == "bleu4"

@@ -12,8 +12,17 @@ from scratchformer.training.checkpoint import average_checkpoints, save_checkpoi
 
 
 def test_average_of_checkpoints_is_the_mean_and_keeps_ties(tmp_path: Path) -> None:
-    cfg = sf.TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, num_heads=2, d_ff=32,
-                               num_encoder_layers=1, num_decoder_layers=1, share_embeddings=True, tie_output=True)
+    cfg = sf.TransformerConfig(
+        src_vocab_size=20,
+        tgt_vocab_size=20,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        share_embeddings=True,
+        tie_output=True,
+    )
     models = []
     for seed in range(3):
         torch.manual_seed(seed)
@@ -26,7 +35,16 @@ def test_average_of_checkpoints_is_the_mean_and_keeps_ties(tmp_path: Path) -> No
         assert torch.allclose(p, mean, atol=1e-6), name
     assert target.generator.weight is target.tgt_embed.weight  # still tied
 
-    other = sf.Transformer(sf.TransformerConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, num_heads=2, d_ff=64,
-                                                num_encoder_layers=1, num_decoder_layers=1))
+    other = sf.Transformer(
+        sf.TransformerConfig(
+            src_vocab_size=20,
+            tgt_vocab_size=20,
+            d_model=16,
+            num_heads=2,
+            d_ff=64,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+        )
+    )
     with pytest.raises(Exception, match="size mismatch|does not fit"):
         average_checkpoints([tmp_path / "c0"], other)

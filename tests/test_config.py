@@ -29,7 +29,9 @@ def test_shared_fields_come_from_the_base(cls: type) -> None:
         assert fields[name].type == base[name].type, name
     # a field every model has is declared once, in the base; one two models have means the same in both
     everywhere = set.intersection(*({f.name for f in dataclasses.fields(c)} for c in CONFIGS))
-    assert everywhere - {"vocab_size"} <= set(SHARED)  # (vocab_size: one V here, src/tgt in TransformerConfig)
+    assert everywhere - {"vocab_size"} <= set(
+        SHARED
+    )  # (vocab_size: one V here, src/tgt in TransformerConfig)
     for other in CONFIGS:
         for name in set(fields) & {f.name for f in dataclasses.fields(other)}:
             assert fields[name].type == {f.name: f for f in dataclasses.fields(other)}[name].type, name
@@ -49,7 +51,9 @@ def test_shared_fields_come_from_the_base(cls: type) -> None:
         ("pad_id", 20, r"pad_id=20 is outside the vocabulary \[0, 20\)"),
     ],
 )
-def test_every_config_validates_the_shared_fields_alike(cls: type, field: str, value: object, message: str) -> None:
+def test_every_config_validates_the_shared_fields_alike(
+    cls: type, field: str, value: object, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         cls(**CONFIGS[cls], **{field: value})
 
@@ -70,21 +74,49 @@ def test_bias_reaches_every_model() -> None:
         sf.CaptioningTransformer(sf.CaptioningConfig(20, d_model=16, num_heads=2, d_ff=32, bias=False)),
     ]
     for model in models:  # every linear map of the layers (not the patch embedding or the output head)
-        linear = [m for stack in (model.encoder, getattr(model, "decoder", model.encoder)) for m in stack.modules()
-                  if isinstance(m, torch.nn.Linear)]
+        linear = [
+            m
+            for stack in (model.encoder, getattr(model, "decoder", model.encoder))
+            for m in stack.modules()
+            if isinstance(m, torch.nn.Linear)
+        ]
         assert linear and all(m.bias is None for m in linear), type(model).__name__
 
 
-@pytest.mark.parametrize(("norm_first", "final_norm", "layers", "expected"), [
-    (False, None, 2, False), (True, None, 2, True), (True, None, 0, False), (False, True, 2, True), (True, False, 2, False),
-])
+@pytest.mark.parametrize(
+    ("norm_first", "final_norm", "layers", "expected"),
+    [
+        (False, None, 2, False),
+        (True, None, 2, True),
+        (True, None, 0, False),
+        (False, True, 2, True),
+        (True, False, 2, False),
+    ],
+)
 def test_one_final_norm_rule(norm_first: bool, final_norm: bool | None, layers: int, expected: bool) -> None:
-    config = sf.TransformerConfig(20, 20, d_model=16, num_heads=2, d_ff=32, norm_first=norm_first,
-                                  final_norm=final_norm, num_encoder_layers=layers)
+    config = sf.TransformerConfig(
+        20,
+        20,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        norm_first=norm_first,
+        final_norm=final_norm,
+        num_encoder_layers=layers,
+    )
     model = sf.Transformer(config)
     assert (model.encoder.norm is not None) == expected
-    captioner = sf.CaptioningTransformer(sf.CaptioningConfig(20, d_model=16, num_heads=2, d_ff=32, norm_first=norm_first,
-                                                             final_norm=final_norm, num_encoder_layers=layers))
+    captioner = sf.CaptioningTransformer(
+        sf.CaptioningConfig(
+            20,
+            d_model=16,
+            num_heads=2,
+            d_ff=32,
+            norm_first=norm_first,
+            final_norm=final_norm,
+            num_encoder_layers=layers,
+        )
+    )
     assert (captioner.encoder.norm is not None) == expected
 
 
@@ -101,8 +133,15 @@ def test_models_pickle_and_numpy_sizes_are_accepted() -> None:
 
     import numpy as np
 
-    config = sf.TransformerConfig(np.int64(20), 20, d_model=np.int64(16), num_heads=2, d_ff=32, num_encoder_layers=1,
-                                  num_decoder_layers=1)
+    config = sf.TransformerConfig(
+        np.int64(20),
+        20,
+        d_model=np.int64(16),
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     for model in (sf.Transformer(config), sf.optimize(sf.Transformer(config))):
         copy = pickle.loads(pickle.dumps(model))  # torch.save(model), multiprocessing spawn
         assert type(copy.encoder) is type(model.encoder)

@@ -1,4 +1,5 @@
-"""scripts/copy_trained_positions.py: the position-copy experiment the pretraining guide (docs/guides/pretraining.md) measures."""
+"""scripts/copy_trained_positions.py: the position-copy experiment the pretraining guide
+(docs/guides/pretraining.md) measures."""
 
 import json
 import subprocess
@@ -32,10 +33,18 @@ def test_untrained_rows_repeat_the_trained_ones_and_the_rest_is_kept(tmp_path):
     table = state[KEY]
     expected = torch.cat([table[:4], table[:4], table[:2]])  # rows 4..9 repeat rows 0..3
     torch.testing.assert_close(copied[KEY], expected, rtol=0, atol=0)
-    torch.testing.assert_close(copied["bert.embeddings.word_embeddings.weight"],
-                               state["bert.embeddings.word_embeddings.weight"], rtol=0, atol=0)
-    assert (tmp_path / "dst" / "config.json").is_file() and (tmp_path / "dst" / "tokenizer_config.json").is_file()
-    torch.testing.assert_close(load_file(str(tmp_path / "src" / "model.safetensors"))[KEY], table)  # source untouched
+    torch.testing.assert_close(
+        copied["bert.embeddings.word_embeddings.weight"],
+        state["bert.embeddings.word_embeddings.weight"],
+        rtol=0,
+        atol=0,
+    )
+    assert (tmp_path / "dst" / "config.json").is_file() and (
+        tmp_path / "dst" / "tokenizer_config.json"
+    ).is_file()
+    torch.testing.assert_close(
+        load_file(str(tmp_path / "src" / "model.safetensors"))[KEY], table
+    )  # source untouched
 
 
 def test_bad_arguments_are_refused_before_writing(tmp_path):

@@ -13,8 +13,15 @@ BOS, EOS, PAD = 1, 2, 0
 def random_model(seed: int, norm_first: bool = False) -> sf.Transformer:
     torch.manual_seed(seed)
     cfg = sf.TransformerConfig(
-        src_vocab_size=25, tgt_vocab_size=25, d_model=32, num_heads=4, d_ff=64,
-        num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, norm_first=norm_first,
+        src_vocab_size=25,
+        tgt_vocab_size=25,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout=0.0,
+        norm_first=norm_first,
     )
     return sf.Transformer(cfg).eval()
 
@@ -31,7 +38,9 @@ def test_cached_equals_uncached(seed: int) -> None:
     model = random_model(seed, norm_first=bool(seed % 2))
     src = sources(torch.Generator().manual_seed(seed))
     cached, cached_logits = sf.greedy_decode(model, src, bos_id=BOS, eos_id=EOS, return_logits=True)
-    plain, plain_logits = sf.greedy_decode(model, src, bos_id=BOS, eos_id=EOS, use_cache=False, return_logits=True)
+    plain, plain_logits = sf.greedy_decode(
+        model, src, bos_id=BOS, eos_id=EOS, use_cache=False, return_logits=True
+    )
     assert torch.equal(cached, plain)
     # Compare the logits of rows still decoding (finished rows are padding from then on).
     alive = torch.ones_like(cached, dtype=torch.bool)
@@ -45,10 +54,12 @@ def test_batch_equals_one_by_one() -> None:
     batch = sf.greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_a=0, max_len_b=12)
     for i in range(src.shape[0]):
         n = int((src[i] != PAD).sum())
-        single = sf.greedy_decode(model, src[i : i + 1, :n], bos_id=BOS, eos_id=EOS, max_len_a=0, max_len_b=12)
+        single = sf.greedy_decode(
+            model, src[i : i + 1, :n], bos_id=BOS, eos_id=EOS, max_len_a=0, max_len_b=12
+        )
         got = batch[i, : single.shape[1]]
         assert torch.equal(got, single[0])
-        assert torch.all(batch[i, single.shape[1]:] == PAD)
+        assert torch.all(batch[i, single.shape[1] :] == PAD)
 
 
 def test_finished_sentences_stop_growing_and_pad_is_never_generated() -> None:
@@ -85,7 +96,9 @@ def test_cached_decoding_feeds_one_position_per_step() -> None:
     attention = model.decoder.layers[0].self_attn  # its query (B, T, D): T new positions
     hook = attention.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
     try:
-        out = sf.greedy_decode(model, sources(torch.Generator().manual_seed(2)), bos_id=BOS, eos_id=EOS, max_len_b=6)
+        out = sf.greedy_decode(
+            model, sources(torch.Generator().manual_seed(2)), bos_id=BOS, eos_id=EOS, max_len_b=6
+        )
     finally:
         hook.remove()
     assert len(seen) == out.shape[1] and set(seen) == {1}
@@ -95,8 +108,16 @@ def test_cached_decoding_feeds_one_position_per_step() -> None:
 def test_chunked_cached_decode_equals_full_decode(positional: str) -> None:
     torch.manual_seed(0)
     cfg = sf.TransformerConfig(
-        src_vocab_size=25, tgt_vocab_size=25, d_model=32, num_heads=4, d_ff=64,
-        num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, positional=positional, max_len=32,
+        src_vocab_size=25,
+        tgt_vocab_size=25,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout=0.0,
+        positional=positional,
+        max_len=32,
     )
     model = sf.Transformer(cfg).eval()
     src = sources(torch.Generator().manual_seed(4))

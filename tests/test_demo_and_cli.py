@@ -96,20 +96,28 @@ def test_module_entry_point_help() -> None:
     assert result.returncode == 0 and "demo" in result.stdout
 
 
-@pytest.mark.parametrize("task, recipe, module, function", [
-    ("translation", "multi30k_de_en", "translation", "train_translation"),
-    ("mlm", "imdb_mlm", "masked_lm", "pretrain_mlm"),
-    ("captioner", "shapes_captioning", "captioning", "train_captioner"),
-    ("captioner", "flickr8k", "captioning", "train_captioner"),
-])
-def test_train_epochs_flag_replaces_the_recipe_max_steps(task, recipe, module, function, monkeypatch, capsys) -> None:
+@pytest.mark.parametrize(
+    "task, recipe, module, function",
+    [
+        ("translation", "multi30k_de_en", "translation", "train_translation"),
+        ("mlm", "imdb_mlm", "masked_lm", "pretrain_mlm"),
+        ("captioner", "shapes_captioning", "captioning", "train_captioner"),
+        ("captioner", "flickr8k", "captioning", "train_captioner"),
+    ],
+)
+def test_train_epochs_flag_replaces_the_recipe_max_steps(
+    task, recipe, module, function, monkeypatch, capsys
+) -> None:
     """A recipe's max_steps would end the run first: --epochs N alone clears it; --max-steps still wins."""
     import importlib
     from pathlib import Path
 
     trained = []
-    monkeypatch.setattr(importlib.import_module(f"scratchformer.tasks.{module}"), function,
-                        lambda recipe, data_dir, resume: trained.append(recipe.train) or {})
+    monkeypatch.setattr(
+        importlib.import_module(f"scratchformer.tasks.{module}"),
+        function,
+        lambda recipe, data_dir, resume: trained.append(recipe.train) or {},
+    )
     config = str(Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}.json")
     for flags in ([], ["--epochs", "3"], ["--epochs", "3", "--max-steps", "7"]):
         assert main(["train", task, "--config", config, *flags]) == 0

@@ -29,7 +29,9 @@ def launch(args: list[str], timeout: float = LAUNCH_TIMEOUT_S) -> subprocess.Com
     then stops its workers, which run in sessions of their own) and the test fails."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -49,7 +51,9 @@ def torchrun(out: Path, *scenarios: str) -> subprocess.CompletedProcess[str]:
 
 def succeed(out: Path, *scenarios: str) -> None:
     done = torchrun(out, *scenarios)
-    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    assert done.returncode == 0, (
+        f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +93,9 @@ def test_two_processes_with_batch_b_equal_one_process_with_batch_2b(runs: Path, 
 def test_only_rank_0_writes_logs_and_checkpoints(runs: Path) -> None:
     full = runs / "full"
     records = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == list(range(1, 21))  # 64 / (2 x 4 x 2) = 4 steps x 5 epochs
+    assert [r["step"] for r in records if "loss" in r] == list(
+        range(1, 21)
+    )  # 64 / (2 x 4 x 2) = 4 steps x 5 epochs
     assert [r["step"] for r in records if "eval/loss" in r] == [4, 8, 12, 16, 20]
     assert [r["loss"] for r in records if "loss" in r] == pytest.approx(losses(full))
     for name in ("curves.png", "best/model.safetensors", "last/training_state.pt"):
@@ -127,10 +133,15 @@ def test_resumed_ddp_run_matches_the_uninterrupted_one(runs: Path, tmp_path: Pat
 
 def test_on_main_gives_every_rank_rank_0s_result_or_error(runs: Path) -> None:
     # WordPiece training is not deterministic across processes: the ranks must share rank 0's.
-    assert (runs / "on_main" / "tokenizer-rank1.json").read_text() == (runs / "on_main" / "tokenizer-rank0.json").read_text()
-    assert (runs / "on_main" / "error-rank0.txt").read_text() == "ZeroDivisionError: integer division or modulo by zero"
+    assert (runs / "on_main" / "tokenizer-rank1.json").read_text() == (
+        runs / "on_main" / "tokenizer-rank0.json"
+    ).read_text()
+    assert (
+        runs / "on_main" / "error-rank0.txt"
+    ).read_text() == "ZeroDivisionError: integer division or modulo by zero"
     assert (runs / "on_main" / "error-rank1.txt").read_text() == (
-        "RuntimeError: rank 0 failed: ZeroDivisionError: integer division or modulo by zero")
+        "RuntimeError: rank 0 failed: ZeroDivisionError: integer division or modulo by zero"
+    )
 
 
 def test_cli_train_classifier_under_torchrun(tmp_path: Path) -> None:
@@ -141,8 +152,20 @@ def test_cli_train_classifier_under_torchrun(tmp_path: Path) -> None:
     recipe["average_last"] = 2  # rank 0 alone averages, tests and reports afterwards
     config = tmp_path / "recipe.json"
     config.write_text(json.dumps(recipe))
-    command = ["-m", "scratchformer", "train", "classifier", "--config", str(config), "--out", str(tmp_path / "cli"),
-               "--epochs", "6", "--device", "cpu"]
+    command = [
+        "-m",
+        "scratchformer",
+        "train",
+        "classifier",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "cli"),
+        "--epochs",
+        "6",
+        "--device",
+        "cpu",
+    ]
     done = launch(command)
     assert done.returncode == 0, done.stderr[-5000:]
     summary = json.loads(done.stdout)  # one JSON document: only rank 0 printed
@@ -154,18 +177,44 @@ def test_cli_train_classifier_under_torchrun(tmp_path: Path) -> None:
 
 
 def test_cli_train_captioner_under_torchrun(tmp_path: Path) -> None:
-    recipe = {"data": "shapes", "shapes": {"seed": 0, "train_size": 64, "valid_size": 8, "test_size": 8},
-              "batch_size": 8, "decoding": {"beam_size": 2},
-              "model": {"patch_size": 16, "d_model": 32, "num_heads": 2, "d_ff": 64, "num_encoder_layers": 1,
-                        "num_decoder_layers": 1, "max_len": 24},
-              "train": {"max_steps": 6, "eval_every": 3, "best_metric": "bleu4", "best_mode": "max"}}
+    recipe = {
+        "data": "shapes",
+        "shapes": {"seed": 0, "train_size": 64, "valid_size": 8, "test_size": 8},
+        "batch_size": 8,
+        "decoding": {"beam_size": 2},
+        "model": {
+            "patch_size": 16,
+            "d_model": 32,
+            "num_heads": 2,
+            "d_ff": 64,
+            "num_encoder_layers": 1,
+            "num_decoder_layers": 1,
+            "max_len": 24,
+        },
+        "train": {"max_steps": 6, "eval_every": 3, "best_metric": "bleu4", "best_mode": "max"},
+    }
     config = tmp_path / "recipe.json"
     config.write_text(json.dumps(recipe))
-    done = launch(["-m", "scratchformer", "train", "captioner", "--config", str(config), "--out", str(tmp_path / "cap"),
-                   "--device", "cpu"])
+    done = launch(
+        [
+            "-m",
+            "scratchformer",
+            "train",
+            "captioner",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "cap"),
+            "--device",
+            "cpu",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     report = json.loads(done.stdout)  # one JSON document: only rank 0 tested and printed
-    assert set(report["test"]) == {"test_heldout", "test_seen"} and report["test"]["test_seen"]["beam2"]["n"] == 8
+    assert (
+        set(report["test"]) == {"test_heldout", "test_seen"}
+        and report["test"]["test_seen"]["beam2"]["n"] == 8
+    )
     records = [json.loads(line) for line in (tmp_path / "cap" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r][-1] == 6
 

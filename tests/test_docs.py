@@ -28,7 +28,11 @@ def fenced_blocks(path: Path, language: str) -> list[str]:
 def commands(block: str) -> list[str]:
     """The shell commands of a bash block: comments dropped, backslash continuations joined."""
     joined = re.sub(r"\\\n\s*", " ", block)
-    return [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+    return [
+        line.split("  #")[0].strip()
+        for line in joined.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ the site
@@ -37,8 +41,12 @@ def commands(block: str) -> list[str]:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("html")
-    result = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS),
-                             str(out)], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, f"sphinx-build -W failed:\n{result.stderr[-5000:]}"
     return out
 
@@ -48,12 +56,24 @@ def test_the_site_builds_with_offline_math_and_the_walkthroughs_code(site: Path)
     assert (site / "_static" / "mathjax" / "tex-svg.js").stat().st_size > 1_000_000  # MathJax 3 shipped
     assert 'src="_static/mathjax/tex-svg.js' in paper and "cdn.jsdelivr.net" not in paper
     assert paper.count('class="math') >= 10  # the equations, left for MathJax to typeset
-    for source in ("attention.py", "masks.py", "embedding.py", "feedforward.py", "layer_norm.py", "encoder.py",
-                   "decoder.py"):
+    for source in (
+        "attention.py",
+        "masks.py",
+        "embedding.py",
+        "feedforward.py",
+        "layer_norm.py",
+        "encoder.py",
+        "decoder.py",
+    ):
         assert f"core/{source}" in paper, source
     included = re.sub(r"<[^>]+>", "", paper)
-    for definition in ("def scaled_dot_product_attention(", "def causal_mask(", "def sinusoidal_table(",
-                       "class PositionwiseFeedForward(", "class TokenEmbedding("):
+    for definition in (
+        "def scaled_dot_product_attention(",
+        "def causal_mask(",
+        "def sinusoidal_table(",
+        "class PositionwiseFeedForward(",
+        "class TokenEmbedding(",
+    ):
         assert definition in included, definition
     for figure in re.findall(r'<img[^>]+src="([^"]+)"', paper):
         assert (site / figure).is_file(), figure
@@ -82,9 +102,23 @@ def test_every_subcommand_is_in_the_cli_reference(site: Path) -> None:
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium (apt-get install chromium)")
 def test_a_browser_shows_typeset_math_and_every_figure(site: Path, tmp_path: Path) -> None:
     """scripts/docs_screenshots.py: headless Chromium, offline; it fails on raw TeX or a broken image."""
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_screenshots.py"), "--site", str(site),
-                             "--pages", "index", "paper", "pitfalls", "--out", str(tmp_path)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "docs_screenshots.py"),
+            "--site",
+            str(site),
+            "--pages",
+            "index",
+            "paper",
+            "pitfalls",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     paper = json.loads(re.search(r"paper: \S+  (\{.*\})", result.stdout).group(1))
     assert paper["math"] >= 50 and paper["raw_tex"] == 0 and paper["images"] >= 4 and not paper["broken"]
@@ -99,9 +133,14 @@ def _build_walkthrough(tmp_path: Path, rename: tuple[str, str] | None) -> str:
         path.write_text(path.read_text().replace(*rename), encoding="utf-8")
     (tmp_path / "docs").mkdir()
     shutil.copy(DOCS / "paper.md", tmp_path / "docs" / "index.md")
-    (tmp_path / "docs" / "conf.py").write_text('extensions = ["myst_parser"]\nmyst_enable_extensions = ["dollarmath"]\n')
-    result = subprocess.run([sys.executable, "-m", "sphinx", "-q", "-b", "html", str(tmp_path / "docs"),
-                             str(tmp_path / "html")], capture_output=True, text=True)
+    (tmp_path / "docs" / "conf.py").write_text(
+        'extensions = ["myst_parser"]\nmyst_enable_extensions = ["dollarmath"]\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-q", "-b", "html", str(tmp_path / "docs"), str(tmp_path / "html")],
+        capture_output=True,
+        text=True,
+    )
     return result.stderr
 
 
@@ -118,7 +157,9 @@ def test_the_readme_is_a_front_door() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 200
     assert "<!-- main-command -->" in readme and "<!-- test-command -->" in readme
-    for target in re.findall(r"\]\((?!https?://|#)([^)\s]+)\)", readme):  # every local link and picture exists
+    for target in re.findall(
+        r"\]\((?!https?://|#)([^)\s]+)\)", readme
+    ):  # every local link and picture exists
         assert (ROOT / target.split("#")[0]).exists(), target
     assert "Changes in " not in readme  # they live in CHANGELOG.md
 
@@ -130,7 +171,7 @@ def test_the_readmes_python_runs_as_written(index: int, tmp_path: Path, monkeypa
     exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "__readme__"})
 
 
-# ------------------------------------------------------------------------------------------------ Getting started
+# -------------------------------------------------------------------------------------------- Getting started
 
 
 def _tiny_imdb(folder: Path) -> None:
@@ -160,18 +201,23 @@ def test_getting_started_commands_run_verbatim(tmp_path: Path) -> None:
     _tiny_imdb(tmp_path / "shared" / "data" / "imdb")
     _toy_recipe(work / "recipes" / "imdb.json")
     env = {k: v for k, v in os.environ.items() if k != "SCRATCHFORMER_DATA"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # this environment's scratchformer
+    env["PATH"] = (
+        f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # this environment's scratchformer
+    )
     ran, skipped = [], []
     for block in fenced_blocks(DOCS / "getting-started.md", "bash"):
         for command in commands(block):
             if command.startswith("pip install"):  # CI installs with the README's command itself
                 skipped.append(command)
                 continue
-            result = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True,
-                                    timeout=300)
+            result = subprocess.run(
+                ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=300
+            )
             assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
             ran.append((command, result.stdout))
-    assert skipped and all(c.startswith("pip install") and ("-e ." in c or '-e ".[' in c) for c in skipped), skipped
+    assert skipped and all(c.startswith("pip install") and ("-e ." in c or '-e ".[' in c) for c in skipped), (
+        skipped
+    )
     outputs = dict(ran)
     assert any(c.startswith("scratchformer demo") for c in outputs), list(outputs)
     demo = next(out for c, out in ran if c.startswith("scratchformer demo"))
@@ -181,5 +227,6 @@ def test_getting_started_commands_run_verbatim(tmp_path: Path) -> None:
     evaluate = next(out for c, out in ran if c.startswith("scratchformer evaluate"))
     assert "accuracy" in evaluate and "(16 examples)" in evaluate
     classify = next(out for c, out in ran if c.startswith("scratchformer classify"))
-    assert len(classify.splitlines()) == 2 and all(line.split()[0] in ("positive", "negative")
-                                                   for line in classify.splitlines())
+    assert len(classify.splitlines()) == 2 and all(
+        line.split()[0] in ("positive", "negative") for line in classify.splitlines()
+    )

@@ -15,7 +15,14 @@ from helpers import TOL, backward_with, copy_into_reference, encoder_layer_pairi
 from torch import nn
 
 import scratchformer as sf
-from scratchformer.fast import FastEncoder, FastEncoderLayer, FastFeedForward, FastLayerNorm, Packing, optimize
+from scratchformer.fast import (
+    FastEncoder,
+    FastEncoderLayer,
+    FastFeedForward,
+    FastLayerNorm,
+    Packing,
+    optimize,
+)
 from scratchformer.fast.attention import packed_self_attention
 
 D, H, FF, N = 32, 4, 64, 2
@@ -23,8 +30,9 @@ D, H, FF, N = 32, 4, 64, 2
 
 def _encoder(norm_first: bool, activation: str = "relu") -> sf.Encoder:
     torch.manual_seed(0)
-    layers = [sf.EncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first)
-              for _ in range(N)]
+    layers = [
+        sf.EncoderLayer(D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first) for _ in range(N)
+    ]
     encoder = sf.Encoder(layers, sf.LayerNorm(D) if norm_first else None).eval()
     randomize_norms(encoder)
     return encoder
@@ -50,8 +58,10 @@ def test_skip_padding_equals_torch_fast_path(norm_first: bool) -> None:
     of the same idea: real positions computed, zeros at padding."""
     ours = _encoder(norm_first)
     ref = nn.TransformerEncoder(  # fast path: eval, inference mode, post-LN
-        nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first, batch_first=True), N,
-        norm=nn.LayerNorm(D) if norm_first else None, enable_nested_tensor=True,
+        nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first, batch_first=True),
+        N,
+        norm=nn.LayerNorm(D) if norm_first else None,
+        enable_nested_tensor=True,
     ).eval()
     for a, b in zip(ours.layers, ref.layers):
         copy_into_reference(encoder_layer_pairing(a, b))
@@ -139,8 +149,17 @@ def test_fast_layer_norm_and_feed_forward_equal_core_forward_and_backward(dtype:
 
 
 def test_optimized_transformer_equals_core_and_keeps_its_parameters() -> None:
-    cfg = sf.TransformerConfig(30, 30, d_model=D, num_heads=H, d_ff=FF, num_encoder_layers=N, num_decoder_layers=N,
-                               dropout=0.0, norm_first=True)
+    cfg = sf.TransformerConfig(
+        30,
+        30,
+        d_model=D,
+        num_heads=H,
+        d_ff=FF,
+        num_encoder_layers=N,
+        num_decoder_layers=N,
+        dropout=0.0,
+        norm_first=True,
+    )
     torch.manual_seed(0)
     core = sf.Transformer(cfg)
     fast = copy.deepcopy(core)
@@ -210,7 +229,10 @@ def test_fast_layer_norm_mixed_precision_keeps_fp32_affine_and_input_dtype() -> 
         exact = core(x.double())  # fp64 reference of the same formula
     assert out_fast.dtype == torch.bfloat16 == out_core.dtype
     bound = 2**-8 * exact.abs().max().item()  # one rounding to bf16 (8 significant bits)
-    assert max_diff(out_fast.double(), exact) <= bound and max_diff(out_fast.float(), out_core.float()) <= 2 * bound
+    assert (
+        max_diff(out_fast.double(), exact) <= bound
+        and max_diff(out_fast.float(), out_core.float()) <= 2 * bound
+    )
     assert fast(x.float()).dtype == torch.float32
     with pytest.raises(ValueError, match="last dim 32"):
         fast(torch.zeros(2, 5))
@@ -219,8 +241,10 @@ def test_fast_layer_norm_mixed_precision_keeps_fp32_affine_and_input_dtype() -> 
 def _masks() -> tuple[torch.Tensor, torch.Tensor]:
     """A key-padding mask with holes (not only trailing padding) and a fully padded row, and an
     attention mask."""
-    kpm = torch.tensor([[1, 1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0], [1] * 9, [0, 1, 1, 1, 0, 0, 0, 0, 0]],
-                       dtype=torch.bool)
+    kpm = torch.tensor(
+        [[1, 1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0, 0], [1] * 9, [0, 1, 1, 1, 0, 0, 0, 0, 0]],
+        dtype=torch.bool,
+    )
     return kpm, torch.rand(9, 9, generator=torch.Generator().manual_seed(4)) > 0.3
 
 
@@ -233,7 +257,12 @@ def test_fast_encoder_layer_alone_equals_core_layer_with_every_mask(norm_first: 
     assert isinstance(fast, FastEncoderLayer)
     x, _ = _batch()
     kpm, attn = _masks()
-    for masks in ({}, {"key_padding_mask": kpm}, {"attn_mask": attn}, {"key_padding_mask": kpm, "attn_mask": attn}):
+    for masks in (
+        {},
+        {"key_padding_mask": kpm},
+        {"attn_mask": attn},
+        {"key_padding_mask": kpm, "attn_mask": attn},
+    ):
         results = []
         for layer in (core, fast):
             xi = x.clone().requires_grad_(True)
@@ -303,7 +332,9 @@ def test_single_bf16_query_attends_in_fp32_as_the_core_formula() -> None:
     q, mem = torch.randn(3, 1, D).bfloat16(), torch.randn(3, 11, D).bfloat16()
     kpm = torch.arange(11)[None, :] < torch.tensor([11, 4, 7])[:, None]
     with torch.no_grad():
-        exact, exact_w = copy.deepcopy(core).double()(q.double(), mem.double(), key_padding_mask=kpm, need_weights=True)
+        exact, exact_w = copy.deepcopy(core).double()(
+            q.double(), mem.double(), key_padding_mask=kpm, need_weights=True
+        )
         out_core, _ = core(q, mem, key_padding_mask=kpm)
         out_fast, w_fast = fast(q, mem, key_padding_mask=kpm, need_weights=True)
         out_plain, none = fast(q, mem, key_padding_mask=kpm)
@@ -312,13 +343,16 @@ def test_single_bf16_query_attends_in_fp32_as_the_core_formula() -> None:
     assert max_diff(w_fast.double(), exact_w) <= 1e-2
     assert torch.all(w_fast[1, :, :, 4:] == 0)  # padded keys get no weight
 
-    cfg = sf.TransformerConfig(30, 30, d_model=D, num_heads=H, d_ff=FF, num_encoder_layers=N, num_decoder_layers=N,
-                               dropout=0.0)
+    cfg = sf.TransformerConfig(
+        30, 30, d_model=D, num_heads=H, d_ff=FF, num_encoder_layers=N, num_decoder_layers=N, dropout=0.0
+    )
     model = sf.Transformer(cfg).eval()
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
     with torch.no_grad():
         expected = sf.greedy_decode(model, src, bos_id=1, eos_id=2, max_len_b=8)
-        got = sf.greedy_decode(optimize(copy.deepcopy(model)).bfloat16(), src, bos_id=1, eos_id=2, max_len_b=8)
+        got = sf.greedy_decode(
+            optimize(copy.deepcopy(model)).bfloat16(), src, bos_id=1, eos_id=2, max_len_b=8
+        )
     assert torch.equal(got, expected)
 
 
@@ -332,7 +366,9 @@ def test_hooks_on_a_layer_or_its_modules_fire_and_see_their_own_outputs() -> Non
     kept: dict[str, list[torch.Tensor]] = {"core": [], "fast": []}
     calls = []
     for name, model in (("core", core), ("fast", fast)):
-        model.layers[0].feed_forward.register_forward_hook(lambda m, i, out, name=name: kept[name].append(out))
+        model.layers[0].feed_forward.register_forward_hook(
+            lambda m, i, out, name=name: kept[name].append(out)
+        )
     fast.layers[1].register_forward_pre_hook(lambda m, i: calls.append(1))
     with torch.no_grad():
         assert max_diff(core(x, mask), fast(x, mask)) <= TOL

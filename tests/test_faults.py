@@ -25,8 +25,13 @@ KILLS = 4
 
 def launch(out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, str(WORKER), str(out)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> None:
@@ -39,7 +44,9 @@ def is_train_record(record: dict) -> bool:
 
 
 def train_records(out: Path) -> list[dict]:
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if is_train_record(r)]
+    return [
+        r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if is_train_record(r)
+    ]
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -47,7 +54,8 @@ def losses(out: Path) -> dict[int, float]:
 
 
 def logged_step(out: Path) -> int:
-    """The last training step in ``out/metrics.jsonl`` so far (0 before any; a line being written is skipped)."""
+    """The last training step in ``out/metrics.jsonl`` so far (0 before any; a line being written is
+    skipped)."""
     try:
         lines = (out / "metrics.jsonl").read_text().splitlines()
     except FileNotFoundError:
@@ -85,8 +93,10 @@ def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run(tmp_
 
     rng = random.Random(1234)
     killed = tmp_path / "killed"
-    span = (total - 4) // KILLS  # one kill in each of KILLS stretches, at least 3 steps apart: a resumed run's
-    for i in range(KILLS):       # log (stale until it rewinds) never already shows the next kill's step
+    span = (
+        total - 4
+    ) // KILLS  # one kill in each of KILLS stretches, at least 3 steps apart: a resumed run's
+    for i in range(KILLS):  # log (stale until it rewinds) never already shows the next kill's step
         kill_after_step(launch(killed), killed, 2 + i * span + rng.randrange(span - 2), rng)
         if (killed / "last").exists() or (killed / "last.old").exists():  # a save happened: it is whole
             state = load_training_state(resolve_checkpoint(killed / "last"), map_location="cpu")
@@ -94,10 +104,15 @@ def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run(tmp_
             load_file(str(resolve_checkpoint(killed / "last") / "model.safetensors"))
     finish(launch(killed))  # resume to the end
 
-    a, b = load_file(str(full / "last" / "model.safetensors")), load_file(str(killed / "last" / "model.safetensors"))
+    a, b = (
+        load_file(str(full / "last" / "model.safetensors")),
+        load_file(str(killed / "last" / "model.safetensors")),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert losses(killed) == losses(full)
     steps = [r["step"] for r in train_records(killed)]
-    assert steps == sorted(set(steps)), "each resume rewinds the log to its checkpoint: no step is logged twice"
+    assert steps == sorted(set(steps)), (
+        "each resume rewinds the log to its checkpoint: no step is logged twice"
+    )
     leftovers = [p.name for p in killed.iterdir() if p.name.startswith(".") or p.name.endswith(".old")]
     assert leftovers == []

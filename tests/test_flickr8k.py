@@ -26,7 +26,6 @@ from scratchformer.tasks.captioning import (
     CiderD,
     SelfCriticalTask,
     caption_scores,
-    load_captioner,
     train_captioner,
 )
 from scratchformer.training import TrainConfig
@@ -87,9 +86,12 @@ def test_load_photo_resizes_the_shorter_side_and_crops_the_centre(tmp_path: Path
         load_photo(tmp_path / "broken.jpg")
 
 
-def test_encoder_features_are_deterministic_and_the_same_in_a_batch_as_alone(tmp_path: Path,
-                                                                             encoder: ImageEncoder) -> None:
-    photos = torch.stack([load_photo(write_photo(tmp_path / f"{i}.jpg", (260 + 40 * i, 224), i)) for i in range(3)])
+def test_encoder_features_are_deterministic_and_the_same_in_a_batch_as_alone(
+    tmp_path: Path, encoder: ImageEncoder
+) -> None:
+    photos = torch.stack(
+        [load_photo(write_photo(tmp_path / f"{i}.jpg", (260 + 40 * i, 224), i)) for i in range(3)]
+    )
     regions, pooled = encoder(photos)
     assert regions.shape == (3, 49, 1280) and pooled.shape == (3, 1280)
     again, _ = encoder(photos)
@@ -116,20 +118,38 @@ def test_feature_files_are_resumable_and_never_mix_encoders(tmp_path: Path) -> N
         write_photo(images / f"p{i}.{'png' if i % 2 else 'jpg'}", (240, 200 + 10 * i), i)
     out = tmp_path / "features.safetensors"
     counting = CountingEncoder()
-    first = extract_image_features(images, out, counting, names=["p0.jpg", "p1.png", "p2.jpg"], batch_size=2,
-                                   chunk_size=2, progress=False)
+    first = extract_image_features(
+        images,
+        out,
+        counting,
+        names=["p0.jpg", "p1.png", "p2.jpg"],
+        batch_size=2,
+        chunk_size=2,
+        progress=False,
+    )
     assert first.names == ["p0.jpg", "p1.png", "p2.jpg"] and counting.seen == 3
     assert not (tmp_path / "features.safetensors.parts").exists()
-    every = extract_image_features(images, out, counting, progress=False)  # the folder: only the 2 new ones run
+    every = extract_image_features(
+        images, out, counting, progress=False
+    )  # the folder: only the 2 new ones run
     assert counting.seen == 5 and every.names == sorted(p.name for p in images.iterdir())
     torch.testing.assert_close(every.select(["p1.png"]), first.select(["p1.png"]))
-    assert every.regions.dtype == torch.float16 and load_image_features(out).description == counting.describe()
+    assert (
+        every.regions.dtype == torch.float16 and load_image_features(out).description == counting.describe()
+    )
     # a run killed after its first chunk: the finished chunk is kept and not computed again
     (tmp_path / "f2.safetensors.parts").mkdir()
-    partial = extract_image_features(images, tmp_path / "f2.safetensors.parts" / "00000.safetensors",
-                                     CountingEncoder(), names=["p3.png"], progress=False)
+    partial = extract_image_features(
+        images,
+        tmp_path / "f2.safetensors.parts" / "00000.safetensors",
+        CountingEncoder(),
+        names=["p3.png"],
+        progress=False,
+    )
     resumed = CountingEncoder()
-    assert len(extract_image_features(images, tmp_path / "f2.safetensors", resumed, progress=False).names) == 5
+    assert (
+        len(extract_image_features(images, tmp_path / "f2.safetensors", resumed, progress=False).names) == 5
+    )
     assert resumed.seen == 4 and partial.names == ["p3.png"]
 
     with pytest.raises(ValueError, match="features made by another encoder.*encoder differ"):
@@ -145,12 +165,19 @@ def test_feature_files_are_resumable_and_never_mix_encoders(tmp_path: Path) -> N
     # a file and a leftover chunk holding the same photo (a kill between the write and the clean-up)
     leftover = tmp_path / "features.safetensors.parts"
     leftover.mkdir()
-    extract_image_features(images, leftover / "00000.safetensors", CountingEncoder(), names=["p0.jpg"], progress=False)
+    extract_image_features(
+        images, leftover / "00000.safetensors", CountingEncoder(), names=["p0.jpg"], progress=False
+    )
     again = extract_image_features(images, out, counting, names=["p0.jpg"], progress=False)
     assert again.names.count("p0.jpg") == 1 and len(again.names) == 5 and not leftover.exists()
     (images / "sub").mkdir()
-    write_photo(images / "sub" / "deep.jpg", (64, 64), 7)  # subfolders too, named as the caption loaders name them
-    assert "sub/deep.jpg" in extract_image_features(images, tmp_path / "sub.safetensors", counting, progress=False).names
+    write_photo(
+        images / "sub" / "deep.jpg", (64, 64), 7
+    )  # subfolders too, named as the caption loaders name them
+    assert (
+        "sub/deep.jpg"
+        in extract_image_features(images, tmp_path / "sub.safetensors", counting, progress=False).names
+    )
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty: no images to extract features from"):
         extract_image_features(tmp_path / "empty", tmp_path / "e.safetensors", counting, progress=False)
@@ -184,7 +211,8 @@ def test_feature_files_refuse_another_image_folder_or_a_changed_photo(tmp_path: 
 
 
 def test_feature_files_reach_the_disk_before_the_rename_and_before_the_chunks_go(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each file is flushed (fsync) under its temporary name, then renamed; the chunks are deleted
     only after the merged file was flushed and renamed, so a power cut never leaves only an empty file."""
     import scratchformer.data.image_features as image_features
@@ -211,12 +239,19 @@ def test_feature_files_reach_the_disk_before_the_rename_and_before_the_chunks_go
     monkeypatch.setattr(image_features.os, "fsync", logged_fsync)
     monkeypatch.setattr(image_features.os, "replace", logged_replace)
     monkeypatch.setattr(image_features.shutil, "rmtree", logged_rmtree)
-    extract_image_features(images, tmp_path / "f.safetensors", CountingEncoder(), chunk_size=2, progress=False)
+    extract_image_features(
+        images, tmp_path / "f.safetensors", CountingEncoder(), chunk_size=2, progress=False
+    )
     pid = os.getpid()
-    assert events == [("fsync", f"00000.safetensors.{pid}.tmp"), ("replace", f"00000.safetensors.{pid}.tmp"),
-                      ("fsync", f"00001.safetensors.{pid}.tmp"), ("replace", f"00001.safetensors.{pid}.tmp"),
-                      ("fsync", f"f.safetensors.{pid}.tmp"), ("replace", f"f.safetensors.{pid}.tmp"),
-                      ("rmtree", "f.safetensors.parts")]
+    assert events == [
+        ("fsync", f"00000.safetensors.{pid}.tmp"),
+        ("replace", f"00000.safetensors.{pid}.tmp"),
+        ("fsync", f"00001.safetensors.{pid}.tmp"),
+        ("replace", f"00001.safetensors.{pid}.tmp"),
+        ("fsync", f"f.safetensors.{pid}.tmp"),
+        ("replace", f"f.safetensors.{pid}.tmp"),
+        ("rmtree", "f.safetensors.parts"),
+    ]
 
 
 # ---------------------------------------------------------------- loaders
@@ -227,8 +262,14 @@ def write_flickr_folder(root: Path, token_file: bool = False) -> Path:
     (root / "Images").mkdir(parents=True)
     for i in range(3):
         write_photo(root / "Images" / f"im{i}.jpg", (64, 48), i)
-    rows = [("im0.jpg", "A dog runs, fast ."), ("im0.jpg", "a dog running"), ("im1.jpg", "two cats"),
-            ("im1.jpg", ""), ("im2.jpg", "a red car"), ("gone.jpg", "a missing photo")]
+    rows = [
+        ("im0.jpg", "A dog runs, fast ."),
+        ("im0.jpg", "a dog running"),
+        ("im1.jpg", "two cats"),
+        ("im1.jpg", ""),
+        ("im2.jpg", "a red car"),
+        ("gone.jpg", "a missing photo"),
+    ]
     if token_file:
         (root / "Flickr8k.token.txt").write_text("".join(f"{n}#{i}\t{c}\n" for i, (n, c) in enumerate(rows)))
     else:
@@ -244,7 +285,11 @@ def test_flickr8k_loader_counts_every_row_it_leaves_out(tmp_path: Path, token_fi
     train = load_flickr8k(root, "train")
     assert train.names == ["im0.jpg", "im1.jpg"]
     assert train.references == [["A dog runs, fast .", "a dog running"], ["two cats"]]
-    assert train.problems == {"empty caption": 1, "image file missing": 1, "image in the split list without captions": 1}
+    assert train.problems == {
+        "empty caption": 1,
+        "image file missing": 1,
+        "image in the split list without captions": 1,
+    }
     assert "left out: empty caption: 1, image file missing: 1" in train.report()
     assert load_flickr8k(root, "dev").names == ["im2.jpg"] and len(load_flickr8k(root, "all")) == 3
     with pytest.raises(FileNotFoundError, match="Flickr_8k.testImages.txt: the test split list is not there"):
@@ -260,7 +305,12 @@ def test_karpathy_json_loader(tmp_path: Path) -> None:
     for name in ("a.jpg", "b.jpg", "c.jpg"):
         write_photo(tmp_path / "val2014" / name, (32, 32), 0)
     images = [
-        {"filepath": "val2014", "filename": "a.jpg", "split": "train", "sentences": [{"raw": "A cat."}, {"raw": " "}]},
+        {
+            "filepath": "val2014",
+            "filename": "a.jpg",
+            "split": "train",
+            "sentences": [{"raw": "A cat."}, {"raw": " "}],
+        },
         {"filepath": "val2014", "filename": "b.jpg", "split": "restval", "sentences": [{"raw": "a dog"}]},
         {"filepath": "val2014", "filename": "c.jpg", "split": "test", "sentences": [{"raw": "a bird"}]},
         {"filepath": "val2014", "filename": "gone.jpg", "split": "train", "sentences": [{"raw": "lost"}]},
@@ -282,19 +332,33 @@ def test_karpathy_json_loader(tmp_path: Path) -> None:
 
 
 def test_caption_words_follow_coco_tokenisation() -> None:
-    assert caption_words('A dog, in a T-shirt ("red") runs...') == ["a", "dog", "in", "a", "t-shirt", "red", "runs"]
+    assert caption_words('A dog, in a T-shirt ("red") runs...') == [
+        "a",
+        "dog",
+        "in",
+        "a",
+        "t-shirt",
+        "red",
+        "runs",
+    ]
     assert caption_words("The dog's ball .") == ["the", "dog's", "ball"]
     # what the model writes (vocabulary words) is scored as the references are: a hyphenated word can match
     from scratchformer.data.captions import Vocabulary
 
     vocab = Vocabulary.build(["A man in a T-shirt, smiling ."])
     written = vocab.decode(vocab.encode("A man in a T-shirt, smiling ."))
-    assert "t-shirt" in written.split() and caption_scores([written], [["A man in a T-shirt, smiling ."]])["exact_match"] == 1
+    assert (
+        "t-shirt" in written.split()
+        and caption_scores([written], [["A man in a T-shirt, smiling ."]])["exact_match"] == 1
+    )
 
 
 def test_cider_d_reward_equals_pycocoevalcap() -> None:
-    refs = [["a dog runs on the grass .", "a brown dog is running", "the dog runs outside"],
-            ["two men play soccer", "men are playing football on a field"], ["a child climbs stairs", "a girl"]]
+    refs = [
+        ["a dog runs on the grass .", "a brown dog is running", "the dog runs outside"],
+        ["two men play soccer", "men are playing football on a field"],
+        ["a child climbs stairs", "a girl"],
+    ]
     hyps = ["a dog is running on grass", "two men men men playing soccer soccer", "a girl in a pink dress"]
     ours = CiderD(refs)
     mean = sum(ours.score(h, i) for i, h in enumerate(hyps)) / len(hyps)
@@ -303,8 +367,19 @@ def test_cider_d_reward_equals_pycocoevalcap() -> None:
 
 
 def features_model(**overrides) -> CaptioningTransformer:
-    args = {"vocab_size": 12, "input": "features", "feature_dim": 8, "num_regions": 4, "d_model": 32, "num_heads": 2,
-            "d_ff": 64, "num_encoder_layers": 1, "num_decoder_layers": 1, "dropout": 0.0, "max_len": 8}
+    args = {
+        "vocab_size": 12,
+        "input": "features",
+        "feature_dim": 8,
+        "num_regions": 4,
+        "d_model": 32,
+        "num_heads": 2,
+        "d_ff": 64,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "dropout": 0.0,
+        "max_len": 8,
+    }
     return CaptioningTransformer(CaptioningConfig(**{**args, **overrides}))
 
 
@@ -313,7 +388,9 @@ def test_several_captions_per_image_share_one_encoding() -> None:
     model = features_model().eval()
     images, captions = torch.randn(2, 4, 8).half(), torch.randint(0, 12, (5, 6))
     together = model(images, captions, [2, 3])
-    apart = torch.cat([model(images[:1].expand(2, -1, -1), captions[:2]), model(images[1:].expand(3, -1, -1), captions[2:])])
+    apart = torch.cat(
+        [model(images[:1].expand(2, -1, -1), captions[:2]), model(images[1:].expand(3, -1, -1), captions[2:])]
+    )
     torch.testing.assert_close(together, apart)
     with pytest.raises(ValueError, match="captions_per_image: sums to 4 for 2 images, but there are B'=5"):
         model(images, captions, [2, 2])
@@ -331,8 +408,20 @@ def test_sampling_is_seeded_and_a_peaked_model_samples_its_argmax() -> None:
     torch.manual_seed(0)
     model = features_model().eval()
     images = torch.randn(3, 4, 8)
-    draw = lambda seed, t=1.0: sample_decode(model, images, bos_id=1, eos_id=2, num_samples=4, temperature=t,  # noqa: E731
-                                             max_len_a=0, max_len_b=6, generator=torch.Generator().manual_seed(seed))
+
+    def draw(seed, t=1.0):
+        return sample_decode(
+            model,
+            images,
+            bos_id=1,
+            eos_id=2,
+            num_samples=4,
+            temperature=t,
+            max_len_a=0,
+            max_len_b=6,
+            generator=torch.Generator().manual_seed(seed),
+        )
+
     assert draw(0).shape[0] == 12 and torch.equal(draw(0), draw(0))
     assert not torch.equal(draw(0), draw(1))
     from scratchformer import greedy_decode
@@ -368,15 +457,40 @@ def test_self_critical_loss_reaches_every_decoder_weight() -> None:
 
 
 def photo_recipe(tmp_path: Path, root: Path, **changes) -> CaptioningRecipe:
-    return CaptioningRecipe(**{
-        "data": "flickr8k", "flickr8k_dir": str(root), "features": str(tmp_path / "features.safetensors"),
-        "splits": {"train": "train", "valid": "dev"}, "batch_size": 4, "captions_per_image": 2, "label_smoothing": 0.0,
-        "model": {"d_model": 64, "num_heads": 2, "d_ff": 128, "num_encoder_layers": 1, "num_decoder_layers": 1,
-                  "num_regions": 49, "dropout": 0.0, "max_len": 16},
-        "decoding": {"beam_size": 2},
-        "train": TrainConfig(out_dir=str(tmp_path / "run"), max_steps=120, lr=3e-3, warmup_steps=10, eval_every=120,
-                             best_metric="cider", best_mode="max", progress=False, device="cpu"),
-        **changes})
+    return CaptioningRecipe(
+        **{
+            "data": "flickr8k",
+            "flickr8k_dir": str(root),
+            "features": str(tmp_path / "features.safetensors"),
+            "splits": {"train": "train", "valid": "dev"},
+            "batch_size": 4,
+            "captions_per_image": 2,
+            "label_smoothing": 0.0,
+            "model": {
+                "d_model": 64,
+                "num_heads": 2,
+                "d_ff": 128,
+                "num_encoder_layers": 1,
+                "num_decoder_layers": 1,
+                "num_regions": 49,
+                "dropout": 0.0,
+                "max_len": 16,
+            },
+            "decoding": {"beam_size": 2},
+            "train": TrainConfig(
+                out_dir=str(tmp_path / "run"),
+                max_steps=120,
+                lr=3e-3,
+                warmup_steps=10,
+                eval_every=120,
+                best_metric="cider",
+                best_mode="max",
+                progress=False,
+                device="cpu",
+            ),
+            **changes,
+        }
+    )
 
 
 @needs_flickr
@@ -402,9 +516,20 @@ def test_a_few_real_photos_are_learned_to_exact_match(tmp_path: Path) -> None:
 
 def test_photo_recipe_scst_and_the_cli_end_to_end(tmp_path: Path, capsys) -> None:
     root = write_flickr_folder(tmp_path / "f8")
-    recipe = photo_recipe(tmp_path, root, scst={"steps": 4, "lr": 1e-4, "samples": 2, "eval_every": 2},
-                          train=TrainConfig(out_dir=str(tmp_path / "run"), max_steps=6, eval_every=3, progress=False,
-                                            best_metric="cider", best_mode="max", device="cpu"))
+    recipe = photo_recipe(
+        tmp_path,
+        root,
+        scst={"steps": 4, "lr": 1e-4, "samples": 2, "eval_every": 2},
+        train=TrainConfig(
+            out_dir=str(tmp_path / "run"),
+            max_steps=6,
+            eval_every=3,
+            progress=False,
+            best_metric="cider",
+            best_mode="max",
+            device="cpu",
+        ),
+    )
     report = train_captioner(recipe)
     assert set(report["best_valid"]) == {"xe", "scst"} and report["valid"]["valid"]["greedy"]["n"] == 1
     assert (tmp_path / "run" / "scst" / "best" / "config.json").is_file()
@@ -417,26 +542,63 @@ def test_photo_recipe_scst_and_the_cli_end_to_end(tmp_path: Path, capsys) -> Non
 
     # any photo, any size and format: resized, cropped, encoded, captioned; attention over 7 x 7
     photo = write_photo(tmp_path / "photo.png", (500, 333), 9)
-    assert main(["caption", "--checkpoint", checkpoint, str(photo), "--attention-png", str(tmp_path / "att.png")]) == 0
+    assert (
+        main(
+            ["caption", "--checkpoint", checkpoint, str(photo), "--attention-png", str(tmp_path / "att.png")]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.startswith(f"{photo}\t")
     assert (tmp_path / "att.png").stat().st_size > 0
     (tmp_path / "broken.jpg").write_bytes(b"nope")
     with pytest.raises(SystemExit, match="broken.jpg: not an image Pillow can read"):
         main(["caption", "--checkpoint", checkpoint, str(tmp_path / "broken.jpg")])
 
-    assert main(["evaluate", "--checkpoint", checkpoint, "--flickr8k", str(root), "--split", "dev", "--json",
-                 "--features", str(tmp_path / "eval.safetensors")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                checkpoint,
+                "--flickr8k",
+                str(root),
+                "--split",
+                "dev",
+                "--json",
+                "--features",
+                str(tmp_path / "eval.safetensors"),
+            ]
+        )
+        == 0
+    )
     scores = json.loads(capsys.readouterr().out)
     assert scores["n"] == 1 and {"bleu1", "bleu4", "cider"} <= set(scores)
 
-    assert main(["features", "--images", str(root / "Images"), "--out", str(tmp_path / "cli.safetensors"),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "features",
+                "--images",
+                str(root / "Images"),
+                "--out",
+                str(tmp_path / "cli.safetensors"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "3 images, regions (3, 49, 1280)" in capsys.readouterr().out
     # features of another encoder are refused by the recipe
     extract_image_features(root / "Images", tmp_path / "other.safetensors", CountingEncoder(), progress=False)
     with pytest.raises(ValueError, match="features made by another encoder"):
-        train_captioner(photo_recipe(tmp_path, root, features=str(tmp_path / "other.safetensors"),
-                                     train=TrainConfig(out_dir=str(tmp_path / "run2"), max_steps=1, progress=False)))
+        train_captioner(
+            photo_recipe(
+                tmp_path,
+                root,
+                features=str(tmp_path / "other.safetensors"),
+                train=TrainConfig(out_dir=str(tmp_path / "run2"), max_steps=1, progress=False),
+            )
+        )
 
 
 def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
@@ -449,9 +611,13 @@ def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="captions_per_image"):
         CaptioningRecipe(data="flickr8k", flickr8k_dir="x", captions_per_image=0).validate()
     with pytest.raises(ValueError, match="model.num_regions: the pooled memory is one vector"):
-        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", memory="pooled", model={"num_regions": 49}).validate()
+        CaptioningRecipe(
+            data="flickr8k", flickr8k_dir="x", memory="pooled", model={"num_regions": 49}
+        ).validate()
     with pytest.raises(ValueError, match="splits.test: expected a split name or a list"):
-        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", splits={"train": "train", "valid": "dev", "test": 3}).validate()
+        CaptioningRecipe(
+            data="flickr8k", flickr8k_dir="x", splits={"train": "train", "valid": "dev", "test": 3}
+        ).validate()
 
 
 def test_committed_flickr8k_recipe_is_valid() -> None:

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_decoding import random_model, sources
 from torch import Tensor, nn
 
 import scratchformer as sf
 from scratchformer.generation import GenerationConfig, generate, warp
-from test_decoding import random_model, sources
 
 PAD, BOS, EOS = 0, 1, 2
 PROBS = torch.tensor([0.40, 0.25, 0.15, 0.12, 0.08])  # of tokens 3..7 after BOS
@@ -36,7 +36,9 @@ class KnownNext(nn.Module):
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         return torch.zeros(src.shape[0], 1, 1)
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None, cache=None) -> Tensor:
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None, cache=None
+    ) -> Tensor:
         return self.table[tgt]  # (N, T, V) log-probabilities as logits
 
 
@@ -60,7 +62,9 @@ def cycle_model() -> KnownNext:
 def draw_first_tokens(config: GenerationConfig, n: int = 20000) -> Tensor:
     """Empirical distribution of the first token over tokens 3..7, from n samples."""
     torch.manual_seed(0)
-    hyps = generate(first_token_model(), torch.tensor([[3]]), config.replace(num_return_sequences=n, max_new_tokens=2))
+    hyps = generate(
+        first_token_model(), torch.tensor([[3]]), config.replace(num_return_sequences=n, max_new_tokens=2)
+    )
     firsts = torch.tensor([h.tokens[0] for h in hyps[0]])
     return torch.bincount(firsts - 3, minlength=5).float() / n
 
@@ -72,16 +76,28 @@ def total_variation(p: Tensor, q: Tensor) -> float:
 SAMPLING = GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS, do_sample=True)
 
 
-@pytest.mark.parametrize("options, expected, wrong", [
-    ({}, PROBS, torch.tensor([0.2] * 5)),
-    ({"top_k": 3}, torch.tensor([0.40, 0.25, 0.15, 0, 0]) / 0.8,  # renormalised over the top 3
-     torch.tensor([0.40, 0.25, 0.15, 0.20, 0])),  # not renormalised (the rest on one token)
-    ({"top_p": 0.7}, torch.tensor([0.40, 0.25, 0.15, 0, 0]) / 0.8,  # smallest set reaching 0.7: 3 tokens
-     torch.tensor([0.40, 0.25, 0, 0, 0]) / 0.65),  # stopping one short of 0.7
-    ({"temperature": 2.0}, PROBS.sqrt() / PROBS.sqrt().sum(), PROBS),
-    ({"temperature": 0.5, "top_k": 2}, PROBS[:2] ** 2 / (PROBS[:2] ** 2).sum() @ torch.eye(2, 5),
-     PROBS[:2] / PROBS[:2].sum() @ torch.eye(2, 5)),
-])
+@pytest.mark.parametrize(
+    "options, expected, wrong",
+    [
+        ({}, PROBS, torch.tensor([0.2] * 5)),
+        (
+            {"top_k": 3},
+            torch.tensor([0.40, 0.25, 0.15, 0, 0]) / 0.8,  # renormalised over the top 3
+            torch.tensor([0.40, 0.25, 0.15, 0.20, 0]),
+        ),  # not renormalised (the rest on one token)
+        (
+            {"top_p": 0.7},
+            torch.tensor([0.40, 0.25, 0.15, 0, 0]) / 0.8,  # smallest set reaching 0.7: 3 tokens
+            torch.tensor([0.40, 0.25, 0, 0, 0]) / 0.65,
+        ),  # stopping one short of 0.7
+        ({"temperature": 2.0}, PROBS.sqrt() / PROBS.sqrt().sum(), PROBS),
+        (
+            {"temperature": 0.5, "top_k": 2},
+            PROBS[:2] ** 2 / (PROBS[:2] ** 2).sum() @ torch.eye(2, 5),
+            PROBS[:2] / PROBS[:2].sum() @ torch.eye(2, 5),
+        ),
+    ],
+)
 def test_sampled_frequencies_match_the_renormalised_distribution(options, expected, wrong) -> None:
     """20,000 draws: within 0.02 total variation of the right distribution (the sampling error is
     about 0.006), and far from a wrong renormalisation, so the check can fail."""
@@ -115,8 +131,17 @@ def test_generate_greedy_and_beam_equal_the_searches() -> None:
     greedy = sf.greedy_decode(model, src, bos_id=BOS, eos_id=EOS)
     for row, hyps in zip(greedy.tolist(), generate(model, src, base)):
         assert hyps[0].tokens == row[: row.index(EOS) + 1]
-    beams = sf.beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=4, length_penalty=0.6, max_len_a=1.0,
-                           max_len_b=10, n_best=3)
+    beams = sf.beam_search(
+        model,
+        src,
+        bos_id=BOS,
+        eos_id=EOS,
+        beam_size=4,
+        length_penalty=0.6,
+        max_len_a=1.0,
+        max_len_b=10,
+        n_best=3,
+    )
     ours = generate(model, src, base.replace(num_beams=4, length_penalty=0.6, num_return_sequences=3))
     assert [[h.tokens for h in n] for n in ours] == [[h.tokens for h in n] for n in beams]
 
@@ -144,7 +169,9 @@ def test_no_repeat_ngram_on_a_model_that_loves_repetition(search) -> None:
     model, src = cycle_model(), torch.tensor([[3, 4], [5, 5]])
     config = GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS, max_new_tokens=12, **search)
     free = generate(model, src, config, seed=0)
-    assert any(len(set(ngrams([BOS] + h.tokens, 2))) < len(ngrams([BOS] + h.tokens, 2)) for n in free for h in n)
+    assert any(
+        len(set(ngrams([BOS] + h.tokens, 2))) < len(ngrams([BOS] + h.tokens, 2)) for n in free for h in n
+    )
     for size in (2, 3):
         for n_best in generate(model, src, config.replace(no_repeat_ngram_size=size), seed=0):
             for h in n_best:
@@ -165,16 +192,25 @@ def test_min_new_tokens_delays_eos(search) -> None:
     assert all(n[0].tokens == [EOS] for n in generate(model, src, config, seed=0))  # EOS at once
     for n in generate(model, src, config.replace(min_new_tokens=4), seed=0):
         assert all(len(h.tokens) >= 5 and h.tokens[-1] == EOS for h in n)
-        assert config.do_sample or len(n[0].tokens) == 5  # searches: 4 tokens, then EOS at once, the likeliest
+        assert (
+            config.do_sample or len(n[0].tokens) == 5
+        )  # searches: 4 tokens, then EOS at once, the likeliest
 
 
 @pytest.mark.parametrize("search", [{}, {"num_beams": 3, "num_return_sequences": 3}, {"do_sample": True}])
 def test_log_prob_is_the_models_own_under_a_repetition_penalty(search) -> None:
     """The penalty reshapes the scores that choose (and, for beams, rank: the score, as Hugging
-    Face's sequences_scores); log_prob stays the model's log-probability of the tokens, whatever the search."""
+    Face's sequences_scores); log_prob stays the model's log-probability of the tokens, whatever the
+    search."""
     model, src = cycle_model(), torch.tensor([[3], [4]])
-    config = GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS, max_new_tokens=6, min_new_tokens=5,
-                              repetition_penalty=1.5, **search)
+    config = GenerationConfig(
+        decoder_start_token_id=BOS,
+        eos_token_id=EOS,
+        max_new_tokens=6,
+        min_new_tokens=5,
+        repetition_penalty=1.5,
+        **search,
+    )
     for h in (h for n_best in generate(model, src, config, seed=0) for h in n_best):
         path = [BOS] + h.tokens
         expected = sum(float(model.table[a, b]) for a, b in zip(path, path[1:]))
@@ -199,21 +235,24 @@ def test_a_forced_prefix_is_respected_and_scored(search) -> None:
     assert all(n[0].tokens[0] == 7 for n in one)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"temperature": -1.0}, "temperature must be > 0"),
-    ({"temperature": 0.0}, "temperature must be > 0"),
-    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
-    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
-    ({"top_k": -1}, "top_k must be an integer >= 0"),
-    ({"num_return_sequences": 3, "num_beams": 2}, "num_return_sequences=3 > num_beams=2"),
-    ({"do_sample": True, "num_beams": 2}, "sampling inside beams is not supported"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
-    ({"no_repeat_ngram_size": -2}, "no_repeat_ngram_size must be an integer >= 0"),
-    ({"min_new_tokens": 3, "max_new_tokens": 3}, "min_new_tokens=3 must be < max_new_tokens=3"),
-    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
-    ({"length_penalty": math.nan}, "length_penalty must be a finite number"),
-    ({"num_beams": 2.5}, "num_beams must be an integer"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"temperature": -1.0}, "temperature must be > 0"),
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"top_k": -1}, "top_k must be an integer >= 0"),
+        ({"num_return_sequences": 3, "num_beams": 2}, "num_return_sequences=3 > num_beams=2"),
+        ({"do_sample": True, "num_beams": 2}, "sampling inside beams is not supported"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+        ({"no_repeat_ngram_size": -2}, "no_repeat_ngram_size must be an integer >= 0"),
+        ({"min_new_tokens": 3, "max_new_tokens": 3}, "min_new_tokens=3 must be < max_new_tokens=3"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+        ({"length_penalty": math.nan}, "length_penalty must be a finite number"),
+        ({"num_beams": 2.5}, "num_beams must be an integer"),
+    ],
+)
 def test_every_option_is_checked_with_its_name(options, message) -> None:
     with pytest.raises(ValueError, match=message):
         GenerationConfig(**options)
@@ -229,4 +268,6 @@ def test_bad_prefixes_are_named() -> None:
     with pytest.raises(ValueError, match="leave no room within the model's max_len=64"):
         generate(model, src, config, prefix=[5] * 70)
     with pytest.raises(ValueError, match="min_new_tokens=4 must be < the 3 new tokens allowed here"):
-        generate(model, src, config.replace(max_new_tokens=None, max_len_a=0.0, max_len_b=3, min_new_tokens=4))
+        generate(
+            model, src, config.replace(max_new_tokens=None, max_len_a=0.0, max_len_b=3, min_new_tokens=4)
+        )

@@ -8,13 +8,12 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
+from test_translation import tiny_recipe
 
 from scratchformer.cli import main
 from scratchformer.tasks.translation import train_translation
-from test_translation import tiny_recipe
 
 SOURCES = ["Ein rot hund läuft.", "Ein klein katze schläft."]
 
@@ -36,7 +35,10 @@ def run(capsys, *args: str) -> list[str]:
 def test_json_lines_with_nbest_lists_and_scores(checkpoint, capsys, monkeypatch) -> None:
     path, _ = checkpoint
     monkeypatch.setattr("sys.stdin", iter(line + "\n" for line in SOURCES))
-    rows = [json.loads(line) for line in run(capsys, path, "--beam", "3", "--nbest", "3", "--lenpen", "0.6", "--json")]
+    rows = [
+        json.loads(line)
+        for line in run(capsys, path, "--beam", "3", "--nbest", "3", "--lenpen", "0.6", "--json")
+    ]
     assert [r["source"] for r in rows] == SOURCES
     assert [r["translation_text"] for r in rows] == ["A red dog runs.", "A small cat sleeps."]
     for r in rows:
@@ -73,15 +75,19 @@ def test_every_generation_flag(checkpoint, capsys) -> None:
     assert len(one) == len(set(one))  # no token twice
     plain_tokens = tokens("--min-len", "9", "--max-new-tokens", "12")
     penalised = tokens("--repetition-penalty", "1000", "--min-len", "9", "--max-new-tokens", "12")
-    assert len(set(penalised)) == len(penalised) and penalised != plain_tokens  # a huge penalty: nothing twice
+    assert (
+        len(set(penalised)) == len(penalised) and penalised != plain_tokens
+    )  # a huge penalty: nothing twice
 
 
 def test_impossible_flags_are_refused_before_loading(capsys) -> None:
-    for flags, message in ((["--sampling", "--top-p", "1.5"], "top_p must be in (0, 1]"),
-                           (["--sampling", "--beam", "2"], "sampling inside beams is not supported"),
-                           (["--nbest", "3", "--beam", "2"], "num_return_sequences=3 > num_beams=2"),
-                           (["--sampling", "--temperature", "0"], "temperature must be > 0"),
-                           (["--top-k", "5"], "--top-k: only with --sampling")):
+    for flags, message in (
+        (["--sampling", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--sampling", "--beam", "2"], "sampling inside beams is not supported"),
+        (["--nbest", "3", "--beam", "2"], "num_return_sequences=3 > num_beams=2"),
+        (["--sampling", "--temperature", "0"], "temperature must be > 0"),
+        (["--top-k", "5"], "--top-k: only with --sampling"),
+    ):
         assert main(["translate", "--checkpoint", "/no/such/checkpoint", *flags, "x"]) == 2
         assert message in capsys.readouterr().err  # the flag is named, not the missing checkpoint
 
@@ -89,8 +95,29 @@ def test_impossible_flags_are_refused_before_loading(capsys) -> None:
 def test_evaluate_takes_the_flags_and_prints_one_json_line(checkpoint, capsys) -> None:
     path, recipe = checkpoint
     capsys.readouterr()
-    assert main(["evaluate", "--checkpoint", path, "--source", recipe.test_source, "--reference", recipe.test_target,
-                 "--beam", "2", "--lenpen", "0.6", "--no-repeat-ngram", "3", "--device", "cpu", "--json"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                path,
+                "--source",
+                recipe.test_source,
+                "--reference",
+                recipe.test_target,
+                "--beam",
+                "2",
+                "--lenpen",
+                "0.6",
+                "--no-repeat-ngram",
+                "3",
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["bleu"] > 90
 
@@ -99,9 +126,27 @@ def test_a_pipe_is_answered_line_by_line(checkpoint) -> None:
     """--buffer-size 1: the answer to the first line arrives while the second is not yet written."""
     path, _ = checkpoint
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "scratchformer", "translate", "--checkpoint", path, "--device",
-                             "cpu", "--buffer-size", "1", "--beam", "1"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "scratchformer",
+            "translate",
+            "--checkpoint",
+            path,
+            "--device",
+            "cpu",
+            "--buffer-size",
+            "1",
+            "--beam",
+            "1",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     answers: list[str] = []
     try:
         for source in SOURCES:
@@ -139,8 +184,18 @@ def spy_on_decoding(monkeypatch, module: str) -> list[tuple[int, bool]]:
 def test_evaluate_decodes_with_the_batch_size_and_precision_given(checkpoint, capsys, monkeypatch) -> None:
     path, recipe = checkpoint
     batches = spy_on_decoding(monkeypatch, "translation")
-    args = ["evaluate", "--checkpoint", path, "--source", recipe.test_source, "--reference", recipe.test_target,
-            "--device", "cpu", "--json"]
+    args = [
+        "evaluate",
+        "--checkpoint",
+        path,
+        "--source",
+        recipe.test_source,
+        "--reference",
+        recipe.test_target,
+        "--device",
+        "cpu",
+        "--json",
+    ]
     assert main([*args, "--batch-size", "16", "--precision", "bf16"]) == 0
     assert batches == [(16, True), (16, True), (8, True)]  # 40 sentences
     assert json.loads(capsys.readouterr().out)["bleu"] > 90

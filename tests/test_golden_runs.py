@@ -33,8 +33,16 @@ from scratchformer.tasks.translation import TranslationRecipe, train_translation
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "golden"
 GOLDEN = FIXTURES / "runs.json"
 TIMING = ("items_per_s", "seconds")
-TRAIN = {"max_steps": 8, "warmup_steps": 3, "eval_every": 4, "log_every": 1, "progress": False, "seed": 1,
-         "precision": "fp32", "threads": 0}
+TRAIN = {
+    "max_steps": 8,
+    "warmup_steps": 3,
+    "eval_every": 4,
+    "log_every": 1,
+    "progress": False,
+    "seed": 1,
+    "precision": "fp32",
+    "threads": 0,
+}
 
 
 def _tokenizer(task: str) -> str | None:
@@ -67,7 +75,12 @@ def _pairs(tmp: Path, split: str, n: int, seed: int) -> tuple[str, str]:
     lexicon = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schläft": "sleeps", "rot": "red"}
     src, tgt = [], []
     for _ in range(n):
-        words = ["ein", rng.choice(["rot", "ein"]), rng.choice(["hund", "katze"]), rng.choice(["läuft", "schläft"])]
+        words = [
+            "ein",
+            rng.choice(["rot", "ein"]),
+            rng.choice(["hund", "katze"]),
+            rng.choice(["läuft", "schläft"]),
+        ]
         src.append(" ".join(words).capitalize() + ".")
         tgt.append(" ".join(lexicon[w] for w in words).capitalize() + ".")
     return _lines(tmp / f"{split}.de.gz", src), _lines(tmp / f"{split}.en.gz", tgt)
@@ -75,36 +88,92 @@ def _pairs(tmp: Path, split: str, n: int, seed: int) -> tuple[str, str]:
 
 def classifier(tmp: Path) -> dict:
     recipe = ClassifierRecipe(
-        train_file=_reviews(tmp / "train.jsonl.gz", 120, 0), test_file=_reviews(tmp / "test.jsonl.gz", 40, 1),
-        valid_size=24, label_names=["negative", "positive"], max_length=16, truncation="head", batch_size=16,
-        tokenizer=_tokenizer("classifier"), average_last=2,
-        model={"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 32, "dropout": 0.1, "norm_first": True},
-        train={**TRAIN, "out_dir": str(tmp / "run"), "lr": 5e-3, "best_metric": "accuracy", "best_mode": "max",
-               "keep_checkpoints": 2})
+        train_file=_reviews(tmp / "train.jsonl.gz", 120, 0),
+        test_file=_reviews(tmp / "test.jsonl.gz", 40, 1),
+        valid_size=24,
+        label_names=["negative", "positive"],
+        max_length=16,
+        truncation="head",
+        batch_size=16,
+        tokenizer=_tokenizer("classifier"),
+        average_last=2,
+        model={
+            "d_model": 16,
+            "num_heads": 2,
+            "num_layers": 1,
+            "d_ff": 32,
+            "dropout": 0.1,
+            "norm_first": True,
+        },
+        train={
+            **TRAIN,
+            "out_dir": str(tmp / "run"),
+            "lr": 5e-3,
+            "best_metric": "accuracy",
+            "best_mode": "max",
+            "keep_checkpoints": 2,
+        },
+    )
     return train_classifier(recipe)
 
 
 def translation(tmp: Path) -> dict:
     train, valid, test = _pairs(tmp, "train", 80, 0), _pairs(tmp, "valid", 12, 1), _pairs(tmp, "test", 12, 2)
     recipe = TranslationRecipe(
-        train_source=train[0], train_target=train[1], valid_source=valid[0], valid_target=valid[1],
-        test_source=test[0], test_target=test[1], max_length=16, max_tokens=160, average_last=2,
-        tokenizer=_tokenizer("translation"), decoding_grid={"beam_size": [1, 2]},
-        model={"d_model": 16, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "d_ff": 32,
-               "dropout": 0.1, "norm_first": True, "share_embeddings": True, "tie_output": True, "max_len": 32},
+        train_source=train[0],
+        train_target=train[1],
+        valid_source=valid[0],
+        valid_target=valid[1],
+        test_source=test[0],
+        test_target=test[1],
+        max_length=16,
+        max_tokens=160,
+        average_last=2,
+        tokenizer=_tokenizer("translation"),
+        decoding_grid={"beam_size": [1, 2]},
+        model={
+            "d_model": 16,
+            "num_heads": 2,
+            "num_encoder_layers": 1,
+            "num_decoder_layers": 1,
+            "d_ff": 32,
+            "dropout": 0.1,
+            "norm_first": True,
+            "share_embeddings": True,
+            "tie_output": True,
+            "max_len": 32,
+        },
         decoding={"beam_size": 2, "length_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 4},
-        train={**TRAIN, "out_dir": str(tmp / "run"), "lr": 1e-2, "schedule": "inverse_sqrt", "best_metric": "bleu",
-               "best_mode": "max"})
+        train={
+            **TRAIN,
+            "out_dir": str(tmp / "run"),
+            "lr": 1e-2,
+            "schedule": "inverse_sqrt",
+            "best_metric": "bleu",
+            "best_mode": "max",
+        },
+    )
     return train_translation(recipe)
 
 
 def captioning(tmp: Path) -> dict:
     recipe = CaptioningRecipe(
-        data="shapes", shapes={"seed": 0, "train_size": 24, "valid_size": 8, "test_size": 4}, batch_size=8,
-        model={"patch_size": 16, "d_model": 16, "num_heads": 2, "d_ff": 32, "num_encoder_layers": 1,
-               "num_decoder_layers": 1, "dropout": 0.1, "max_len": 24},
+        data="shapes",
+        shapes={"seed": 0, "train_size": 24, "valid_size": 8, "test_size": 4},
+        batch_size=8,
+        model={
+            "patch_size": 16,
+            "d_model": 16,
+            "num_heads": 2,
+            "d_ff": 32,
+            "num_encoder_layers": 1,
+            "num_decoder_layers": 1,
+            "dropout": 0.1,
+            "max_len": 24,
+        },
         decoding={"beam_size": 2},
-        train={**TRAIN, "out_dir": str(tmp / "run"), "lr": 1e-2, "best_metric": "bleu4", "best_mode": "max"})
+        train={**TRAIN, "out_dir": str(tmp / "run"), "lr": 1e-2, "best_metric": "bleu4", "best_mode": "max"},
+    )
     return train_captioner(recipe)
 
 
@@ -113,14 +182,23 @@ def masked_lm(tmp: Path) -> dict:
     words = [f"w{i}" for i in range(30)]
     (tmp / "corpus.txt").write_text("\n".join(" ".join(rng.sample(words, 10)) for _ in range(60)) + "\n")
     recipe = MLMRecipe(
-        train_files=[str(tmp / "corpus.txt")], valid_size=8, max_length=16, max_tokens=256,
+        train_files=[str(tmp / "corpus.txt")],
+        valid_size=8,
+        max_length=16,
+        max_tokens=256,
         tokenizer=_tokenizer("mlm"),
         model={"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 32},
-        train={**TRAIN, "out_dir": str(tmp / "run"), "lr": 3e-3})
+        train={**TRAIN, "out_dir": str(tmp / "run"), "lr": 3e-3},
+    )
     return pretrain_mlm(recipe)
 
 
-RUNS = {"classifier": classifier, "translation": translation, "captioning": captioning, "masked_lm": masked_lm}
+RUNS = {
+    "classifier": classifier,
+    "translation": translation,
+    "captioning": captioning,
+    "masked_lm": masked_lm,
+}
 
 
 def _numbers(value):
@@ -147,10 +225,12 @@ def observe(name: str, tmp: Path) -> dict:
     torch.set_num_threads(2)
     report = RUNS[name](tmp)
     run = tmp / "run"
-    return {"metrics": _numbers([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]),
-            "test": _numbers(report.get("test")),
-            "last": _weights(run / "last" / "model.safetensors"),
-            "best": _weights(run / "best" / "model.safetensors")}
+    return {
+        "metrics": _numbers([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]),
+        "test": _numbers(report.get("test")),
+        "last": _weights(run / "last" / "model.safetensors"),
+        "best": _weights(run / "best" / "model.safetensors"),
+    }
 
 
 def _close(a, b, where: str) -> None:
@@ -159,7 +239,9 @@ def _close(a, b, where: str) -> None:
         for k in a:
             _close(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), f"{where}: {len(a)} != {len(b) if isinstance(b, list) else b}"
+        assert isinstance(b, list) and len(a) == len(b), (
+            f"{where}: {len(a)} != {len(b) if isinstance(b, list) else b}"
+        )
         for i, (x, y) in enumerate(zip(a, b)):
             _close(x, y, f"{where}[{i}]")
     elif isinstance(a, float) and isinstance(b, (int, float)):
@@ -174,7 +256,9 @@ def test_a_tiny_run_gives_the_recorded_metrics_and_weights(name: str, tmp_path: 
     if os.environ.get("GOLDEN_RECORD"):
         task = {"masked_lm": "mlm"}.get(name, name)
         if name != "captioning" and not (FIXTURES / f"{task}_tokenizer.json").is_file():
-            (FIXTURES / f"{task}_tokenizer.json").write_bytes((tmp_path / "run" / "best" / "tokenizer.json").read_bytes())
+            (FIXTURES / f"{task}_tokenizer.json").write_bytes(
+                (tmp_path / "run" / "best" / "tokenizer.json").read_bytes()
+            )
             pytest.skip("tokenizer recorded: record again for the run's values")
         golden = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
         golden[name] = {**seen, "cpu": _cpu(), "torch": torch.__version__}
@@ -191,7 +275,10 @@ def test_a_tiny_run_gives_the_recorded_metrics_and_weights(name: str, tmp_path: 
 
 def _cpu() -> str:
     try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
+        return next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         return platform.processor()

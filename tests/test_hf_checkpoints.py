@@ -38,29 +38,48 @@ from scratchformer.tasks.classification import LoadedClassifier  # noqa: E402
 from scratchformer.tasks.sentence_embedding import SentenceEncoder  # noqa: E402
 from scratchformer.tasks.translation import Translator, load_translator, train_translation  # noqa: E402
 
-WORDS_DE = "ein eine der die das mann frau kind hund katze fährt läuft spielt schläft im auf dem schnee park " \
-           "rot blau groß klein zwei drei und mit über brücke straße wasser ball".split()
-WORDS_EN = "a the man woman child dog cat rides runs plays sleeps in on snow park red blue big small two " \
-           "three and with over bridge street water ball".split()
-TEXTS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, und ein Kind schaut zu.", "Hallo!",
-         ">>fra<< Ein Test.", "Ünïcödé 🙂 über die Brücke"]
+WORDS_DE = (
+    "ein eine der die das mann frau kind hund katze fährt läuft spielt schläft im auf dem schnee park "
+    "rot blau groß klein zwei drei und mit über brücke straße wasser ball".split()
+)
+WORDS_EN = (
+    "a the man woman child dog cat rides runs plays sleeps in on snow park red blue big small two "
+    "three and with over bridge street water ball".split()
+)
+TEXTS = [
+    "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee, und ein Kind schaut zu.",
+    "Hallo!",
+    ">>fra<< Ein Test.",
+    "Ünïcödé 🙂 über die Brücke",
+]
 
 
 def sentences(words: list[str], n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))).capitalize() + rng.choice(".!?,")
-            for _ in range(n)]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(3, 9))).capitalize() + rng.choice(".!?,")
+        for _ in range(n)
+    ]
 
 
 def train_spm(texts: list[str], path: Path) -> list[str]:
     """A small unigram sentencepiece model at ``path``; returns its pieces (specials left out)."""
     prefix = path.with_suffix("")
-    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_prefix=str(prefix), vocab_size=80,
-                                             character_coverage=1.0, minloglevel=2)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(prefix),
+        vocab_size=80,
+        character_coverage=1.0,
+        minloglevel=2,
+    )
     prefix.with_suffix(".model").rename(path)
     processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
-    return [processor.id_to_piece(i) for i in range(processor.get_piece_size()) if not processor.is_control(i)
-            and not processor.is_unknown(i)]
+    return [
+        processor.id_to_piece(i)
+        for i in range(processor.get_piece_size())
+        if not processor.is_control(i) and not processor.is_unknown(i)
+    ]
 
 
 def perturb(model: torch.nn.Module, seed: int) -> None:
@@ -85,11 +104,25 @@ def marian(tmp_path_factory) -> tuple[Path, transformers.MarianMTModel]:
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     pad = vocab["<pad>"]
     config = transformers.MarianConfig(
-        vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, scale_embedding=True,
-        activation_function="swish", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        init_std=0.15)  # logits of unit scale, so that the source matters
+        vocab_size=len(vocab),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        scale_embedding=True,
+        activation_function="swish",
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        init_std=0.15,
+    )  # logits of unit scale, so that the source matters
     torch.manual_seed(0)
     hf = transformers.MarianMTModel(config).eval()
     perturb(hf, 0)
@@ -122,9 +155,12 @@ class EndAtLimit(transformers.LogitsProcessor):
 def generate_as_ours(hf: transformers.MarianMTModel, limit: int, **kwargs) -> Any:
     """``generate`` with our length rule (see :class:`EndAtLimit`) and ``early_stopping=False``; its
     own forced EOS would come one token later, after every sentence has ended."""
-    return hf.generate(max_new_tokens=limit + 1, early_stopping=False,
-                       logits_processor=transformers.LogitsProcessorList([EndAtLimit(limit, hf.config.eos_token_id)]),
-                       **kwargs)
+    return hf.generate(
+        max_new_tokens=limit + 1,
+        early_stopping=False,
+        logits_processor=transformers.LogitsProcessorList([EndAtLimit(limit, hf.config.eos_token_id)]),
+        **kwargs,
+    )
 
 
 def padded_batch(ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +176,9 @@ def marian_inputs(directory: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     pad, eos = tokenizer.vocab["<pad>"], tokenizer.vocab["</s>"]
     src, src_mask = padded_batch([e.ids + [eos] for e in tokenizer.encode_batch(TEXTS)], pad)
     rng = random.Random(0)
-    tgt, tgt_mask = padded_batch([[pad] + [rng.randrange(1, pad) for _ in range(n)] for n in (3, 11, 1, 6, 8)], pad)
+    tgt, tgt_mask = padded_batch(
+        [[pad] + [rng.randrange(1, pad) for _ in range(n)] for n in (3, 11, 1, 6, 8)], pad
+    )
     tgt_mask[:, 0] = True  # the decoder start is the pad id, but a real position
     return src, src_mask, tgt, tgt_mask
 
@@ -167,7 +205,12 @@ def test_marian_encoder_states_and_logits_equal_transformers(marian, dtype, tole
     ours, special, _ = load_marian(directory)
     assert special == {"pad": hf.config.pad_token_id, "bos": hf.config.pad_token_id, "eos": 0}
     c = ours.config
-    assert (c.sinusoidal_layout, c.activation, c.output_bias, c.scale_embedding) == ("halves", "silu", True, True)
+    assert (c.sinusoidal_layout, c.activation, c.output_bias, c.scale_embedding) == (
+        "halves",
+        "silu",
+        True,
+        True,
+    )
     saved = [m.weight.data for m in (hf.model.encoder.embed_positions, hf.model.decoder.embed_positions)]
     hf, ours = hf.to(dtype), ours.to(dtype)
     if dtype == torch.float64:
@@ -202,7 +245,7 @@ def test_parity_fails_when_a_mapping_is_wrong(marian) -> None:
     def swap_key_value(m):  # W^K and W^V of one cross-attention exchanged
         w = m.decoder.layers[0].cross_attn.qkv_proj.weight
         d = m.config.d_model
-        w[d:] = torch.cat([w[2 * d:].clone(), w[d:2 * d].clone()])
+        w[d:] = torch.cat([w[2 * d :].clone(), w[d : 2 * d].clone()])
 
     def interleaved_positions(m):
         m.src_pos = SinusoidalPositionalEncoding(m.config.d_model, 64, layout="interleaved")
@@ -224,7 +267,9 @@ def test_marian_tokenizer_equals_transformers(marian) -> None:
     for _ in range(20):
         ids = [rng.randrange(len(ours.vocab)) for _ in range(rng.randint(1, 12))]
         for skip in (True, False):
-            assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip), ids
+            assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(
+                ids, skip_special_tokens=skip
+            ), ids
 
 
 def generated(sequences: torch.Tensor, pad: int) -> list[list[int]]:
@@ -241,8 +286,15 @@ def test_greedy_and_beam_search_equal_generate(marian, beams, length_penalty) ->
     ours, special, _ = load_marian(directory)
     pad, eos, limit = special["pad"], special["eos"], 20
     src, src_mask, _, _ = marian_inputs(directory)
-    settings = dict(num_beams=beams, length_penalty=length_penalty, do_sample=False, bad_words_ids=[[pad]],
-                    num_return_sequences=beams, output_scores=True, return_dict_in_generate=True)
+    settings = dict(
+        num_beams=beams,
+        length_penalty=length_penalty,
+        do_sample=False,
+        bad_words_ids=[[pad]],
+        num_return_sequences=beams,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     boost = EOS_BOOST if beams == 1 else 0.0  # greedy: without the boost, sentences run to the limit
     try:
         with torch.no_grad():
@@ -259,21 +311,33 @@ def test_greedy_and_beam_search_equal_generate(marian, beams, length_penalty) ->
     finally:
         with torch.no_grad():
             hf.final_logits_bias[0, eos] += boost
-    hyps = beam_search(ours, src, bos_id=pad, eos_id=eos, beam_size=beams, length_penalty=length_penalty,
-                       max_len_a=0, max_len_b=limit, n_best=beams)
+    hyps = beam_search(
+        ours,
+        src,
+        bos_id=pad,
+        eos_id=eos,
+        beam_size=beams,
+        length_penalty=length_penalty,
+        max_len_a=0,
+        max_len_b=limit,
+        n_best=beams,
+    )
     assert [h.tokens for n_best in hyps for h in n_best] == theirs
     scores = torch.tensor([h.score for n_best in hyps for h in n_best])
     assert torch.allclose(scores, ref.sequences_scores, atol=1e-5, rtol=0)
     assert len({len(t) for t in theirs}) > 2  # hypotheses of many lengths
 
 
-@pytest.mark.parametrize("options", [
-    {"num_beams": 4, "length_penalty": 0.6, "num_return_sequences": 4, "no_repeat_ngram_size": 2},
-    {"num_beams": 4, "num_return_sequences": 2, "min_new_tokens": 6, "repetition_penalty": 1.3},
-    {"repetition_penalty": 1.5},
-    {"no_repeat_ngram_size": 3, "min_new_tokens": 4},
-    {"do_sample": True, "top_k": 1},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_beams": 4, "length_penalty": 0.6, "num_return_sequences": 4, "no_repeat_ngram_size": 2},
+        {"num_beams": 4, "num_return_sequences": 2, "min_new_tokens": 6, "repetition_penalty": 1.3},
+        {"repetition_penalty": 1.5},
+        {"no_repeat_ngram_size": 3, "min_new_tokens": 4},
+        {"do_sample": True, "top_k": 1},
+    ],
+)
 def test_generate_options_equal_hugging_face(marian, options) -> None:
     """generate() with n-best, no_repeat_ngram_size, min_new_tokens, repetition_penalty and top-k=1
     sampling: the same tokens as transformers' generate, and for beams the same scores (1e-5)."""
@@ -289,10 +353,19 @@ def test_generate_options_equal_hugging_face(marian, options) -> None:
             hf.final_logits_bias[0, eos] -= boost
             ours.generator.bias[eos] -= boost
             mine = generate(ours, src, config, seed=0)
-            extra = {"top_p": 1.0, "temperature": 1.0} if options.get("do_sample") else {}  # not the saved defaults
-            ref = generate_as_ours(hf, limit, input_ids=src, attention_mask=src_mask, bad_words_ids=[[pad]],
-                                   output_scores=True, return_dict_in_generate=True,
-                                   **{"num_beams": 1, **options, **extra})
+            extra = (
+                {"top_p": 1.0, "temperature": 1.0} if options.get("do_sample") else {}
+            )  # not the saved defaults
+            ref = generate_as_ours(
+                hf,
+                limit,
+                input_ids=src,
+                attention_mask=src_mask,
+                bad_words_ids=[[pad]],
+                output_scores=True,
+                return_dict_in_generate=True,
+                **{"num_beams": 1, **options, **extra},
+            )
     finally:
         with torch.no_grad():
             hf.final_logits_bias[0, eos] += boost
@@ -322,13 +395,30 @@ def test_translate_a_marian_directory_python_and_cli(marian, capsys, tmp_path: P
     assert capsys.readouterr().out.splitlines() == [expected[1]]
     (tmp_path / "src.txt").write_text("\n".join(texts) + "\n")
     (tmp_path / "ref.txt").write_text("\n".join(expected) + "\n")
-    assert main(["evaluate", "--checkpoint", str(directory), "--source", str(tmp_path / "src.txt"),
-                 "--reference", str(tmp_path / "ref.txt"), "--device", "cpu", "--json"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                str(directory),
+                "--source",
+                str(tmp_path / "src.txt"),
+                "--reference",
+                str(tmp_path / "ref.txt"),
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert json.loads(printed)["bleu"] == pytest.approx(100.0), (printed, expected)
     translator.save_pretrained(tmp_path / "again")  # written back: weights and sentencepiece files
     again = transformers.MarianMTModel.from_pretrained(tmp_path / "again").eval()
-    batch = transformers.MarianTokenizer.from_pretrained(tmp_path / "again")(texts, return_tensors="pt", padding=True)
+    batch = transformers.MarianTokenizer.from_pretrained(tmp_path / "again")(
+        texts, return_tensors="pt", padding=True
+    )
     with torch.no_grad():
         assert torch.equal(generate_as_ours(again, 63, **batch), out)
 
@@ -347,10 +437,24 @@ def test_marian_with_separate_vocabularies(tmp_path: Path) -> None:
         vocabs.append(vocab)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
     config = transformers.MarianConfig(
-        vocab_size=len(vocabs[0]), decoder_vocab_size=len(vocabs[1]), share_encoder_decoder_embeddings=False,
-        d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=2, eos_token_id=0,
-        decoder_start_token_id=2, scale_embedding=True, dropout=0.0, init_std=0.15)
+        vocab_size=len(vocabs[0]),
+        decoder_vocab_size=len(vocabs[1]),
+        share_encoder_decoder_embeddings=False,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=2,
+        eos_token_id=0,
+        decoder_start_token_id=2,
+        scale_embedding=True,
+        dropout=0.0,
+        init_std=0.15,
+    )
     torch.manual_seed(4)
     hf = transformers.MarianMTModel(config).eval()
     perturb(hf, 4)
@@ -364,7 +468,9 @@ def test_marian_with_separate_vocabularies(tmp_path: Path) -> None:
     for text in TEXTS:
         assert ours_tok.encode(text).ids + [0] == theirs_tok(text).input_ids
     ids = list(range(len(vocabs[1])))
-    assert ours_tok.decode(ids) == theirs_tok.decode(ids, skip_special_tokens=True)  # target vocabulary and spm
+    assert ours_tok.decode(ids) == theirs_tok.decode(
+        ids, skip_special_tokens=True
+    )  # target vocabulary and spm
     batch = theirs_tok(TEXTS[:3], return_tensors="pt", padding=True)
     tgt, tgt_mask = padded_batch([[2, 5, 9, 11], [2, 7], [2, 8, 8]], 2)
     tgt_mask[:, 0] = True
@@ -415,24 +521,45 @@ def test_untied_marian_keeps_its_separate_embeddings(marian, tmp_path: Path) -> 
 def test_bert_decoders_are_refused(tmp_path: Path) -> None:
     """is_decoder (BertLMHeadModel, RobertaForCausalLM) makes attention causal: not our encoder."""
     transformers.BertModel(transformers.BertConfig(**BERT_SIZES, is_decoder=True)).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match="config.json: is_decoder=true .causal self-attention. is not supported"):
+    with pytest.raises(
+        CheckpointError, match="config.json: is_decoder=true .causal self-attention. is not supported"
+    ):
         load_bert_encoder(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "is_decoder": False, "add_cross_attention": True}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**config, "is_decoder": False, "add_cross_attention": True})
+    )
     with pytest.raises(CheckpointError, match="config.json: add_cross_attention=true .* is not supported"):
         load_bert_encoder(tmp_path)
 
 
 ENCODER_FAMILIES = {
-    "roberta": lambda: transformers.RobertaConfig(pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5,
-                                                  max_position_embeddings=40, **BERT_SIZES),
-    "xlm-roberta": lambda: transformers.XLMRobertaConfig(pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5,
-                                                         max_position_embeddings=40, **BERT_SIZES),
-    "distilbert": lambda: transformers.DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                                                        max_position_embeddings=40, dropout=0.0, attention_dropout=0.0),
+    "roberta": lambda: transformers.RobertaConfig(
+        pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5, max_position_embeddings=40, **BERT_SIZES
+    ),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(
+        pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5, max_position_embeddings=40, **BERT_SIZES
+    ),
+    "distilbert": lambda: transformers.DistilBertConfig(
+        vocab_size=100,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=64,
+        max_position_embeddings=40,
+        dropout=0.0,
+        attention_dropout=0.0,
+    ),
 }
-BERT_SIZES = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+BERT_SIZES = dict(
+    vocab_size=100,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 @pytest.mark.parametrize("family", sorted(ENCODER_FAMILIES))
@@ -458,30 +585,53 @@ def test_encoder_families_equal_transformers(family, dtype, tolerance, tmp_path:
     order = torch.argsort(mask, dim=1, stable=True)  # the same rows, padded on the left
     tokens, mask = tokens.gather(1, order), mask.gather(1, order)
     with torch.no_grad():  # RoBERTa and XLM-R count real tokens, BERT-style DistilBERT columns: as theirs
-        assert max_diff_where(ours(tokens, mask), hf(input_ids=tokens, attention_mask=mask).last_hidden_state,
-                              mask) < tolerance
+        assert (
+            max_diff_where(
+                ours(tokens, mask), hf(input_ids=tokens, attention_mask=mask).last_hidden_state, mask
+            )
+            < tolerance
+        )
 
 
 def test_roberta_sentence_embeddings_with_its_tokenizer_json(tmp_path: Path) -> None:
-    """tokenizer.json (byte-level BPE, <s> ... </s>) read by our wrapper: same ids, same mean-pooled vectors."""
+    """tokenizer.json (byte-level BPE, <s> ... </s>) read by our wrapper: same ids, same mean-pooled
+    vectors."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tok.train_from_iterator(sentences(WORDS_EN, 300, 2), trainers.BpeTrainer(
-        vocab_size=100, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        sentences(WORDS_EN, 300, 2),
+        trainers.BpeTrainer(
+            vocab_size=100, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                                pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
     fast.save_pretrained(tmp_path)
     torch.manual_seed(1)
-    config = transformers.RobertaConfig(pad_token_id=1, type_vocab_size=1, max_position_embeddings=66,
-                                        **{**BERT_SIZES, "vocab_size": tok.get_vocab_size()})
+    config = transformers.RobertaConfig(
+        pad_token_id=1,
+        type_vocab_size=1,
+        max_position_embeddings=66,
+        **{**BERT_SIZES, "vocab_size": tok.get_vocab_size()},
+    )
     hf = transformers.RobertaModel(config).eval()
     perturb(hf, 2)
     hf.save_pretrained(tmp_path)
-    texts = ["a dog runs in the park.", "two cats", "the man rides over the bridge with a red ball and a blue one."]
+    texts = [
+        "a dog runs in the park.",
+        "two cats",
+        "the man rides over the bridge with a red ball and a blue one.",
+    ]
     batch = fast(texts, padding=True, return_tensors="pt")
     ours = SentenceEncoder.from_pretrained(tmp_path)
     assert [ids for ids in ours.tokenizer.encode(texts)] == [fast(t).input_ids for t in texts]
@@ -491,7 +641,9 @@ def test_roberta_sentence_embeddings_with_its_tokenizer_json(tmp_path: Path) -> 
     expected = (states * mask).sum(1) / mask.sum(1)  # a plain directory: mean pooling, not normalised
     assert float((ours.encode(texts) - expected).abs().max()) < 1e-5
     sentence_transformers = pytest.importorskip("sentence_transformers")
-    reference = sentence_transformers.SentenceTransformer(str(tmp_path), device="cpu")  # (it says: mean pooling)
+    reference = sentence_transformers.SentenceTransformer(
+        str(tmp_path), device="cpu"
+    )  # (it says: mean pooling)
     assert float((ours.encode(texts) - reference.encode(texts, convert_to_tensor=True)).abs().max()) < 1e-5
 
 
@@ -534,15 +686,28 @@ def test_exported_translator_runs_in_transformers(trained_translator, tmp_path: 
 
 @pytest.mark.parametrize("share, tie", [(True, False), (False, True), (False, False)])
 def test_every_embedding_sharing_exports(trained_translator, share, tie, tmp_path: Path) -> None:
-    """Shared or separate embeddings, tied or separate output projection: each runs the same in transformers."""
+    """Shared or separate embeddings, tied or separate output projection: each runs the same in
+    transformers."""
     _, translator = trained_translator
     vocab = translator.model.config.src_vocab_size
-    config = TransformerConfig(vocab, vocab, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
-                               num_decoder_layers=1, share_embeddings=share, tie_output=tie, dropout=0.0)
+    config = TransformerConfig(
+        vocab,
+        vocab,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        share_embeddings=share,
+        tie_output=tie,
+        dropout=0.0,
+    )
     torch.manual_seed(3)
     model = Transformer(config).eval()
     perturb(model, 3)
-    Translator(model, translator.tokenizer, translator.decoding, torch.device("cpu")).save_pretrained(tmp_path / "hf")
+    Translator(model, translator.tokenizer, translator.decoding, torch.device("cpu")).save_pretrained(
+        tmp_path / "hf"
+    )
     hf = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
     src, src_mask = padded_batch(translator.encode_sources(["Ein rot hund läuft.", "Ein mann."]), 0)
     tgt, tgt_mask = padded_batch([[1, 36, 310, 294], [1, 36, 316]], 0)
@@ -553,10 +718,21 @@ def test_every_embedding_sharing_exports(trained_translator, share, tie, tmp_pat
 
 def test_configurations_marian_cannot_express_are_named(trained_translator, tmp_path: Path) -> None:
     _, translator = trained_translator
-    config = TransformerConfig(400, 400, d_model=32, num_heads=2, d_ff=64, norm_first=True, positional="learned",
-                               num_encoder_layers=1, num_decoder_layers=1)
+    config = TransformerConfig(
+        400,
+        400,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        norm_first=True,
+        positional="learned",
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     pre_ln = Translator(Transformer(config), translator.tokenizer, translator.decoding, torch.device("cpu"))
-    with pytest.raises(ValueError, match=r"norm_first=True \(Marian is post-LN\); final_norm.*positional='learned'"):
+    with pytest.raises(
+        ValueError, match=r"norm_first=True \(Marian is post-LN\); final_norm.*positional='learned'"
+    ):
         pre_ln.save_pretrained(tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
@@ -564,17 +740,32 @@ def test_configurations_marian_cannot_express_are_named(trained_translator, tmp_
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_exported_classifier_encoder_runs_in_transformers(positional, tmp_path: Path) -> None:
     tokenizer = TextTokenizer(train_wordpiece(sentences(WORDS_EN, 300, 3), vocab_size=120), max_length=32)
-    encoder = EncoderConfig(tokenizer.vocab_size, d_model=32, num_heads=4, num_layers=2, d_ff=64, norm_first=False,
-                            positional=positional, scale_embedding=True, embedding_norm=True, pad_id=tokenizer.pad_id,
-                            max_len=32, dropout=0.0)
+    encoder = EncoderConfig(
+        tokenizer.vocab_size,
+        d_model=32,
+        num_heads=4,
+        num_layers=2,
+        d_ff=64,
+        norm_first=False,
+        positional=positional,
+        scale_embedding=True,
+        embedding_norm=True,
+        pad_id=tokenizer.pad_id,
+        max_len=32,
+        dropout=0.0,
+    )
     torch.manual_seed(2)
     model = TextClassifier(ClassifierConfig(encoder, num_classes=3)).eval()
     LoadedClassifier(model, tokenizer, ["a", "b", "c"], torch.device("cpu")).save_pretrained(tmp_path / "hf")
     hf = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "BertModel"
     texts = ["a dog runs in the park.", "two red cats sleep"]
-    batch = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(texts, padding=True, return_tensors="pt")
-    assert [row[m.bool()].tolist() for row, m in zip(batch.input_ids, batch.attention_mask)] == tokenizer.encode(texts)
+    batch = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(
+        texts, padding=True, return_tensors="pt"
+    )
+    assert [
+        row[m.bool()].tolist() for row, m in zip(batch.input_ids, batch.attention_mask)
+    ] == tokenizer.encode(texts)
     mask = batch.attention_mask.bool()
     with torch.no_grad():
         mine = model.encoder(batch.input_ids, mask)
@@ -585,7 +776,8 @@ def test_exported_classifier_encoder_runs_in_transformers(positional, tmp_path: 
 
 
 def test_trained_classifier_exports_through_the_cli(tmp_path: Path, capsys) -> None:
-    """Our IMDB-style recipe made post-LN, trained; exported; BertModel + the saved head give our probabilities."""
+    """Our IMDB-style recipe made post-LN, trained; exported; BertModel + the saved head give our
+    probabilities."""
     from safetensors.torch import load_file
     from test_text_classification import tiny_recipe as classifier_recipe
 
@@ -600,7 +792,9 @@ def test_trained_classifier_exports_through_the_cli(tmp_path: Path, capsys) -> N
     ours = load_classifier(checkpoint, device="cpu")
     hf = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()
     texts = ["the plot was superb", "a dull film", "superb acting but a dull and dull plot"]
-    batch = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(texts, padding=True, return_tensors="pt")
+    batch = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(
+        texts, padding=True, return_tensors="pt"
+    )
     head = load_file(str(tmp_path / "hf" / "classifier_head.safetensors"))
     with torch.no_grad():
         states = hf(**batch).last_hidden_state
@@ -613,7 +807,11 @@ def test_trained_classifier_exports_through_the_cli(tmp_path: Path, capsys) -> N
 
 def test_encoders_bert_cannot_express_are_named(tmp_path: Path) -> None:
     tokenizer = TextTokenizer(train_wordpiece(sentences(WORDS_EN, 100, 4), vocab_size=80), max_length=16)
-    encoder = EncoderConfig(tokenizer.vocab_size, d_model=16, num_heads=2, num_layers=1, d_ff=32, norm_first=True)
-    classifier = LoadedClassifier(TextClassifier(ClassifierConfig(encoder)), tokenizer, ["a", "b"], torch.device("cpu"))
+    encoder = EncoderConfig(
+        tokenizer.vocab_size, d_model=16, num_heads=2, num_layers=1, d_ff=32, norm_first=True
+    )
+    classifier = LoadedClassifier(
+        TextClassifier(ClassifierConfig(encoder)), tokenizer, ["a", "b"], torch.device("cpu")
+    )
     with pytest.raises(ValueError, match=r"norm_first=True \(BERT is post-LN\).*embedding_norm=False"):
         classifier.save_pretrained(tmp_path / "x")

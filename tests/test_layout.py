@@ -11,8 +11,9 @@ those inside functions included:
                 tasks/captioning/, imports its own modules)
     cli (the command line, a package), __main__.py, __init__.py: anything
 
-Also: core/ stays readable (at most 930 lines, attention.py at most 200, one fused and one explicit
-attention kernel, no speed machinery inside).
+Also: core/ stays readable (at most 1,150 formatted lines, attention.py at most 210, one fused and
+one explicit attention kernel, no speed machinery inside); no function of the package is longer than
+80 lines, no module longer than 500.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ def imported_modules(source: str) -> list[str]:
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names if a.name.startswith("scratchformer")]
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("scratchformer"):
-            found += [f"{node.module}.{a.name}" if node.module == "scratchformer" else node.module for a in node.names]
+            found += [
+                f"{node.module}.{a.name}" if node.module == "scratchformer" else node.module
+                for a in node.names
+            ]
     return found
 
 
@@ -62,18 +66,24 @@ def violations(module: str, source: str) -> list[str]:
         if layer not in ALLOWED[parts[0]]:
             bad.append(f"{module} imports {target} ({parts[0]} may import only {sorted(ALLOWED[parts[0]])})")
         elif parts[0] == "tasks" and layer == "tasks" and target_parts[1:2] not in ([parts[1]], ["common"]):
-            bad.append(f"{module} imports {target} (a task never imports another task; share via tasks/common.py)")
+            bad.append(
+                f"{module} imports {target} (a task never imports another task; share via tasks/common.py)"
+            )
     return bad
 
 
 def package_modules() -> dict[str, str]:
-    return {".".join(p.relative_to(PACKAGE).with_suffix("").parts): p.read_text() for p in PACKAGE.rglob("*.py")}
+    return {
+        ".".join(p.relative_to(PACKAGE).with_suffix("").parts): p.read_text() for p in PACKAGE.rglob("*.py")
+    }
 
 
 def test_every_module_belongs_to_a_known_layer() -> None:
     for module in package_modules():
         top = module.split(".")[0]
-        assert top in ALLOWED or top in TOP, f"{module}: not in any layer of the map; add it to docs/design.md and here"
+        assert top in ALLOWED or top in TOP, (
+            f"{module}: not in any layer of the map; add it to docs/design.md and here"
+        )
 
 
 def test_imports_follow_the_rule() -> None:
@@ -91,7 +101,10 @@ def test_imports_follow_the_rule() -> None:
         ("data.shapes", "from scratchformer.core.masks import padding_mask"),
         ("tasks.captioning.__init__", "from scratchformer.tasks.translation import pad_ids"),
         ("tasks.captioning.captioner", "from scratchformer.tasks.masked_lm import MLMRecipe"),
-        ("tools.attention_maps", "    from scratchformer.tasks.translation import Translator"),  # inside a function
+        (
+            "tools.attention_maps",
+            "    from scratchformer.tasks.translation import Translator",
+        ),  # inside a function
         ("models.classifier", "from scratchformer import Transformer"),
     ],
 )
@@ -104,14 +117,23 @@ def test_the_rule_catches_a_violation(module: str, line: str) -> None:
 
 
 def test_a_task_package_imports_its_own_modules() -> None:
-    assert violations("tasks.captioning.__init__", "from scratchformer.tasks.captioning.captioner import Captioner") == []
-    assert len(violations("tasks.captioning.captioner", "from scratchformer.tasks.captioning_x import f")) == 1
+    assert (
+        violations(
+            "tasks.captioning.__init__", "from scratchformer.tasks.captioning.captioner import Captioner"
+        )
+        == []
+    )
+    assert (
+        len(violations("tasks.captioning.captioner", "from scratchformer.tasks.captioning_x import f")) == 1
+    )
 
 
 def test_core_reads_in_one_sitting() -> None:
     lines = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "core").glob("*.py")}
-    assert sum(lines.values()) <= 930, lines  # 900 until Marian's four options (0.3) came in
-    assert lines["attention.py"] <= 200, lines
+    # 900 until Marian's four options (0.3) came in, 930 then; ruff format (0.6) wrapped the same code
+    # at 110 columns into 1,138 lines
+    assert sum(lines.values()) <= 1150, lines
+    assert lines["attention.py"] <= 210, lines
 
 
 def test_core_has_one_attention_path_and_no_speed_machinery() -> None:
@@ -119,8 +141,16 @@ def test_core_has_one_attention_path_and_no_speed_machinery() -> None:
     text = "\n".join(core.values())
     assert text.count("F.scaled_dot_product_attention(") == 1  # the fused kernel
     assert text.count("torch.softmax(") == 1  # the explicit formula
-    for trick in ("autograd.Function", "data_ptr", "_version", "inplace=True", "Packing", "index_select(",
-                  "new_empty(", "record_weights"):
+    for trick in (
+        "autograd.Function",
+        "data_ptr",
+        "_version",
+        "inplace=True",
+        "Packing",
+        "index_select(",
+        "new_empty(",
+        "record_weights",
+    ):
         assert trick not in text, f"core/ contains {trick!r}: speed paths and tools live outside core/"
 
 
@@ -154,7 +184,9 @@ def _sizes() -> tuple[dict[str, int], dict[str, int]]:
 def test_functions_and_modules_are_short() -> None:
     modules, functions = _sizes()
     long_modules = {m: n for m, n in modules.items() if n > EXCEPTIONS.get(m, MAX_MODULE_LINES)}
-    long_functions = {f: n for f, n in functions.items() if n > EXCEPTIONS.get(f.split("@")[0], MAX_FUNCTION_LINES)}
+    long_functions = {
+        f: n for f, n in functions.items() if n > EXCEPTIONS.get(f.split("@")[0], MAX_FUNCTION_LINES)
+    }
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
     assert max(functions.values()) > 20 and len(modules) > 50  # the walk saw the package

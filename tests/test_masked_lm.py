@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from scratchformer.cli import main
-from scratchformer.data.tokenization import train_wordpiece
-from scratchformer.fast import optimize
 from scratchformer.data.labelled_texts import load_texts
 from scratchformer.data.masking import IGNORE, continuation_table, mask_tokens
+from scratchformer.data.tokenization import train_wordpiece
+from scratchformer.fast import optimize
 from scratchformer.models.classifier import TextClassifier
 from scratchformer.models.contextual import EncoderConfig
 from scratchformer.models.masked_lm import MaskedLanguageModel
@@ -34,7 +34,9 @@ PAD, CLS, SEP, MASK = 0, 2, 3, 4
 SPECIAL = {PAD, 1, CLS, SEP, MASK}
 
 
-def special_batch(generator: torch.Generator, batch: int = 64, length: int = 60) -> tuple[torch.Tensor, torch.Tensor]:
+def special_batch(
+    generator: torch.Generator, batch: int = 64, length: int = 60
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ids (B, L) of [CLS] tokens [SEP] [PAD]..., and the maskable positions (the tokens)."""
     lengths = torch.randint(3, length + 1, (batch,), generator=generator)
     ids = torch.randint(5, 500, (batch, length), generator=generator)
@@ -57,7 +59,9 @@ def test_masking_statistics_are_berts_over_many_batches() -> None:
         assert not (picked & ~maskable).any()  # never [CLS], [SEP] or padding
         assert torch.equal(targets[picked], ids[picked])  # the target is the original token
         assert torch.equal(inputs[~picked], ids[~picked])  # nothing else changes
-        assert set(inputs[picked & (inputs != MASK)].tolist()).isdisjoint({PAD, CLS, SEP})  # no special as a random token
+        assert set(inputs[picked & (inputs != MASK)].tolist()).isdisjoint(
+            {PAD, CLS, SEP}
+        )  # no special as a random token
         maskable_total += int(maskable.sum())
         chosen += int(picked.sum())
         masked += int((inputs[picked] == MASK).sum())
@@ -102,7 +106,9 @@ def test_the_task_never_targets_special_tokens_even_spelled_in_the_text() -> Non
     texts = ["a good film [SEP] a bad film", "the [MASK] end", "plain words only"] * 20
     tokenizer = train_wordpiece(texts, 60)
     recipe = MLMRecipe(train_files=["unused.txt"], max_length=8, max_tokens=64, mask_rate=0.5)
-    sequences = Sequences(tokenizer, texts, recipe.max_length)  # texts longer than 8 tokens: several sequences
+    sequences = Sequences(
+        tokenizer, texts, recipe.max_length
+    )  # texts longer than 8 tokens: several sequences
     assert max(sequences.lengths) == 8 and len(sequences) > len(texts)
     config = EncoderConfig(**recipe.model_fields(), vocab_size=tokenizer.get_vocab_size(), pad_id=0)
     task = MaskedLMTask(tokenizer, sequences, sequences, config, recipe)
@@ -121,8 +127,20 @@ def test_the_task_never_targets_special_tokens_even_spelled_in_the_text() -> Non
 
 
 def bert_like(**overrides) -> EncoderConfig:
-    fields = dict(vocab_size=50, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_len=24, dropout=0.0,
-                  activation="gelu", norm_first=False, embedding_norm=True, scale_embedding=False, pad_id=0)
+    fields = dict(
+        vocab_size=50,
+        d_model=16,
+        num_heads=2,
+        num_layers=2,
+        d_ff=32,
+        max_len=24,
+        dropout=0.0,
+        activation="gelu",
+        norm_first=False,
+        embedding_norm=True,
+        scale_embedding=False,
+        pad_id=0,
+    )
     return EncoderConfig(**{**fields, **overrides})
 
 
@@ -130,7 +148,9 @@ def test_the_head_is_tied_to_the_token_embedding() -> None:
     model = MaskedLanguageModel(bert_like())
     assert model.head.embedding is model.encoder.embeddings.token.weight
     d, v = 16, 50
-    assert model.num_parameters() == model.encoder.num_parameters() + (d * d + d) + 2 * d + v  # no second V x D
+    assert (
+        model.num_parameters() == model.encoder.num_parameters() + (d * d + d) + 2 * d + v
+    )  # no second V x D
     tokens = torch.randint(1, 50, (2, 7))
     model(tokens, positions=torch.ones(2, 7, dtype=torch.bool)).sum().backward()
     assert model.encoder.embeddings.token.weight.grad.abs().sum() > 0
@@ -150,10 +170,22 @@ def memorise_corpus(path: Path, sentences: int = 10) -> Path:
 
 def tiny_recipe(tmp_path: Path, **train) -> MLMRecipe:
     return MLMRecipe(
-        train_files=[str(memorise_corpus(tmp_path / "corpus.txt"))], valid_size=20, vocab_size=100, max_length=32,
-        max_tokens=1024, model={"d_model": 64, "num_heads": 2, "num_layers": 2, "d_ff": 128},
-        train={"out_dir": str(tmp_path / "run"), "max_steps": 300, "lr": 3e-3, "warmup_steps": 30, "eval_every": 100,
-               "log_every": 10, "progress": False, **train},
+        train_files=[str(memorise_corpus(tmp_path / "corpus.txt"))],
+        valid_size=20,
+        vocab_size=100,
+        max_length=32,
+        max_tokens=1024,
+        model={"d_model": 64, "num_heads": 2, "num_layers": 2, "d_ff": 128},
+        train={
+            "out_dir": str(tmp_path / "run"),
+            "max_steps": 300,
+            "lr": 3e-3,
+            "warmup_steps": 30,
+            "eval_every": 100,
+            "log_every": 10,
+            "progress": False,
+            **train,
+        },
     )
 
 
@@ -168,7 +200,11 @@ def test_a_tiny_corpus_is_memorised_in_seconds(pretrained) -> None:
     tmp, report = pretrained
     assert report["best_valid"]["accuracy"] > 0.95
     assert report["best_valid"]["perplexity"] < 1.5
-    evals = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines() if "eval/loss" in line]
+    evals = [
+        json.loads(line)
+        for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()
+        if "eval/loss" in line
+    ]
     assert evals[0]["eval/loss"] > 2 * evals[-1]["eval/loss"]
 
 
@@ -187,7 +223,8 @@ def test_the_exported_encoder_loads_into_the_classifier_and_the_sentence_encoder
 
     sentences = SentenceEncoder.from_pretrained(export)
     vector = sentences.encode(["w1 w2 w3 w4"])
-    # a plain BERT directory (no modules.json): mean pooling, not normalised, as sentence-transformers reads it
+    # a plain BERT directory (no modules.json): mean pooling, not normalised, as sentence-transformers
+    # reads it
     torch.testing.assert_close(vector, expected.mean(dim=1), atol=1e-5, rtol=1e-5)
 
     recipe = ClassifierRecipe(train_file="unused.jsonl", pretrained=str(export), model={"dropout": 0.1})
@@ -202,11 +239,15 @@ def test_bert_for_masked_lm_reproduces_our_logits(tmp_path: Path, positional: st
     from scratchformer.models.hf_files import write_export
 
     torch.manual_seed(0)
-    model = MaskedLanguageModel(bert_like(positional=positional, scale_embedding=scale, type_vocab_size=0)).eval()
+    model = MaskedLanguageModel(
+        bert_like(positional=positional, scale_embedding=scale, type_vocab_size=0)
+    ).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))  # LayerNorm gains/biases away from 1/0: a misplaced one shows
+                p.add_(
+                    0.1 * torch.randn_like(p)
+                )  # LayerNorm gains/biases away from 1/0: a misplaced one shows
     write_export(tmp_path / "hf", *masked_lm_export(model))
     ref = transformers.BertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
     tokens = torch.randint(1, 50, (3, 11))
@@ -216,13 +257,21 @@ def test_bert_for_masked_lm_reproduces_our_logits(tmp_path: Path, positional: st
         theirs = ref(input_ids=tokens, attention_mask=real.long()).logits
         ours = model(tokens, real)
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-4, rtol=1e-4)
-    assert ref.cls.predictions.decoder.weight.data_ptr() == ref.bert.embeddings.word_embeddings.weight.data_ptr()
-    torch.testing.assert_close(load_bert_encoder(tmp_path / "hf")(tokens, real)[real], model.encoder(tokens, real)[real],
-                               atol=1e-5, rtol=1e-5)
+    assert (
+        ref.cls.predictions.decoder.weight.data_ptr() == ref.bert.embeddings.word_embeddings.weight.data_ptr()
+    )
+    torch.testing.assert_close(
+        load_bert_encoder(tmp_path / "hf")(tokens, real)[real],
+        model.encoder(tokens, real)[real],
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_resume_of_mlm_training_is_exact(tmp_path: Path, monkeypatch) -> None:
-    vocabulary = tmp_path / "tokenizer.json"  # one WordPiece for both runs (its training is not deterministic)
+    vocabulary = (
+        tmp_path / "tokenizer.json"
+    )  # one WordPiece for both runs (its training is not deterministic)
     train_wordpiece(load_texts(memorise_corpus(tmp_path / "corpus.txt")), 100).save(str(vocabulary))
     full = tiny_recipe(tmp_path / "full", max_steps=20, eval_every=10)
     full.tokenizer = str(vocabulary)
@@ -239,6 +288,7 @@ def test_resume_of_mlm_training_is_exact(tmp_path: Path, monkeypatch) -> None:
         def on(step, loss):
             if step == 10:
                 raise Stop
+
         return fit(self, resume, on)
 
     monkeypatch.setattr(Trainer, "fit", stop_after_10)
@@ -249,7 +299,11 @@ def test_resume_of_mlm_training_is_exact(tmp_path: Path, monkeypatch) -> None:
     pretrain_mlm(half, resume=True)
 
     def losses(run: Path) -> list[float]:
-        return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+        return [
+            json.loads(line)["loss"]
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line
+        ]
 
     assert losses(tmp_path / "half" / "run") == losses(tmp_path / "full" / "run")  # bit for bit
     a, _, _ = load_masked_lm(tmp_path / "full" / "run" / "last")
@@ -267,19 +321,31 @@ def test_bad_recipes_fail_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         MLMRecipe(train_files=["x.txt"], max_length=512, max_tokens=100)
     config = tmp_path / "r.json"
-    config.write_text(json.dumps({"train_files": [str(tmp_path / "missing.txt")], "train": {"out_dir": str(tmp_path / "o")}}))
+    config.write_text(
+        json.dumps(
+            {"train_files": [str(tmp_path / "missing.txt")], "train": {"out_dir": str(tmp_path / "o")}}
+        )
+    )
     assert main(["train", "mlm", "--config", str(config)]) == 2  # one line, no traceback
 
 
 def test_the_cli_pretrains_and_exports(tmp_path: Path, capsys) -> None:
     recipe = tiny_recipe(tmp_path, max_steps=5, eval_every=0)
     config = tmp_path / "r.json"
-    config.write_text(json.dumps({**{k: v for k, v in recipe.to_dict().items() if k != "train"},
-                                  "train": {"out_dir": str(tmp_path / "run"), "max_steps": 5, "progress": False}}))
+    config.write_text(
+        json.dumps(
+            {
+                **{k: v for k, v in recipe.to_dict().items() if k != "train"},
+                "train": {"out_dir": str(tmp_path / "run"), "max_steps": 5, "progress": False},
+            }
+        )
+    )
     assert main(["train", "mlm", "--config", str(config)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["best_valid"]["step"] == 5 and Path(report["export"], "model.safetensors").is_file()
-    assert main(["export", "--checkpoint", str(tmp_path / "run" / "best"), "--out", str(tmp_path / "hf")]) == 0
+    assert (
+        main(["export", "--checkpoint", str(tmp_path / "run" / "best"), "--out", str(tmp_path / "hf")]) == 0
+    )
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
 
 

@@ -41,14 +41,21 @@ def cli(argv: list[str], capsys) -> tuple[int, str]:
 
 # ---- bad flags ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["demo", "--steps", "-5"], "argument --steps: must be >= 1, got -5"),
-    (["classify", "--checkpoint", "x", "--batch-size", "-3", "a text"], "argument --batch-size: must be >= 1"),
-    (["translate", "--checkpoint", "x", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
-    (["evaluate", "--checkpoint", "x", "--batch-size", "-1"], "argument --batch-size: must be >= 1"),
-    (["translate", "--checkpoint", "x", "--beam", "0"], "argument --beam: must be >= 1"),
-    (["train", "classifier", "--train", "x.jsonl", "--epochs", "0"], "argument --epochs: must be >= 1"),
-])
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--steps", "-5"], "argument --steps: must be >= 1, got -5"),
+        (
+            ["classify", "--checkpoint", "x", "--batch-size", "-3", "a text"],
+            "argument --batch-size: must be >= 1",
+        ),
+        (["translate", "--checkpoint", "x", "--batch-size", "0"], "argument --batch-size: must be >= 1"),
+        (["evaluate", "--checkpoint", "x", "--batch-size", "-1"], "argument --batch-size: must be >= 1"),
+        (["translate", "--checkpoint", "x", "--beam", "0"], "argument --beam: must be >= 1"),
+        (["train", "classifier", "--train", "x.jsonl", "--epochs", "0"], "argument --epochs: must be >= 1"),
+    ],
+)
 def test_bad_flags_are_refused_by_the_parser(argv: list[str], message: str, capsys) -> None:
     code, err = cli(argv, capsys)
     assert code == 2 and message in err
@@ -95,15 +102,19 @@ def test_overwrite_replaces_the_earlier_run_when_training_starts(tmp_path: Path)
 
 # ---- bad recipes -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("train", "message"), [
-    ({"grad_clip": -1.0}, "grad_clip must be positive"),
-    ({"min_lr_ratio": -0.5}, r"min_lr_ratio must be in \[0, 1\]"),
-    ({"eval_every": -1}, "eval_every must be an integer >= 0"),
-    ({"save_every": -2}, "save_every must be an integer >= 0"),
-    ({"warmup_steps": 1.5}, "warmup_steps must be an integer >= 0"),
-    ({"betas": [0.9, 1.0]}, r"betas must be two numbers in \[0, 1\)"),
-    ({"lr": float("nan")}, "lr must be positive"),
-])
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ({"grad_clip": -1.0}, "grad_clip must be positive"),
+        ({"min_lr_ratio": -0.5}, r"min_lr_ratio must be in \[0, 1\]"),
+        ({"eval_every": -1}, "eval_every must be an integer >= 0"),
+        ({"save_every": -2}, "save_every must be an integer >= 0"),
+        ({"warmup_steps": 1.5}, "warmup_steps must be an integer >= 0"),
+        ({"betas": [0.9, 1.0]}, r"betas must be two numbers in \[0, 1\)"),
+        ({"lr": float("nan")}, "lr must be positive"),
+    ],
+)
 def test_train_settings_that_would_train_silently_wrong(train: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainConfig(**train)
@@ -113,22 +124,43 @@ def _classifier(**fields) -> ClassifierRecipe:
     return ClassifierRecipe(train_file="x.jsonl", **fields)
 
 
-@pytest.mark.parametrize(("build", "message"), [
-    (lambda: _classifier(valid_size=-1), "valid_size must be an integer >= 0"),
-    (lambda: _classifier(train=TrainConfig(best_metric="acuracy")), r"best_metric: expected one of \('loss', 'accuracy'"),
-    (lambda: _classifier(model={"dropout": 1.5}), r"model: dropout must be in \[0, 1\)"),
-    (lambda: _classifier(model={"num_heads": 4.5}), "model: num_heads must be positive"),
-    (lambda: _classifier(model={"layer_norm_eps": float("nan")}), "model: layer_norm_eps must be positive"),
-    (lambda: _classifier(model={"d_modle": 64}), "model: .*d_modle"),
-    (lambda: _classifier(label_names=["neg", "neg"]), "label_names: expected at least two distinct"),
-    (lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam_size": 0}), "decoding.beam_size must be >= 1"),
-    (lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam": 4}), r"decoding: unknown keys \['beam'\]"),
-    (lambda: TranslationRecipe("a", "b", "c", "d", max_length=300), "max_length=300 tokens per side exceeds"),
-    (lambda: TranslationRecipe("a", "b", "c", "d", train=TrainConfig(best_metric="BLEU")), "best_metric"),
-    (lambda: CaptioningRecipe(decoding={"max_len_b": 5}), r"decoding: unknown keys \['max_len_b'\]"),
-    (lambda: CaptioningRecipe(model={"patch_size": 7}), "model: patch_size=7 must divide image_size=64"),
-    (lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam_size": 3.0}), "decoding.beam_size: expected a finite integer"),
-])
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: _classifier(valid_size=-1), "valid_size must be an integer >= 0"),
+        (
+            lambda: _classifier(train=TrainConfig(best_metric="acuracy")),
+            r"best_metric: expected one of \('loss', 'accuracy'",
+        ),
+        (lambda: _classifier(model={"dropout": 1.5}), r"model: dropout must be in \[0, 1\)"),
+        (lambda: _classifier(model={"num_heads": 4.5}), "model: num_heads must be positive"),
+        (
+            lambda: _classifier(model={"layer_norm_eps": float("nan")}),
+            "model: layer_norm_eps must be positive",
+        ),
+        (lambda: _classifier(model={"d_modle": 64}), "model: .*d_modle"),
+        (lambda: _classifier(label_names=["neg", "neg"]), "label_names: expected at least two distinct"),
+        (
+            lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam_size": 0}),
+            "decoding.beam_size must be >= 1",
+        ),
+        (
+            lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam": 4}),
+            r"decoding: unknown keys \['beam'\]",
+        ),
+        (
+            lambda: TranslationRecipe("a", "b", "c", "d", max_length=300),
+            "max_length=300 tokens per side exceeds",
+        ),
+        (lambda: TranslationRecipe("a", "b", "c", "d", train=TrainConfig(best_metric="BLEU")), "best_metric"),
+        (lambda: CaptioningRecipe(decoding={"max_len_b": 5}), r"decoding: unknown keys \['max_len_b'\]"),
+        (lambda: CaptioningRecipe(model={"patch_size": 7}), "model: patch_size=7 must divide image_size=64"),
+        (
+            lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam_size": 3.0}),
+            "decoding.beam_size: expected a finite integer",
+        ),
+    ],
+)
 def test_recipes_are_checked_whole_before_any_work(build, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
@@ -159,13 +191,18 @@ def test_recipe_files_name_themselves_in_errors(tmp_path: Path) -> None:
 
 # ---- damaged and foreign checkpoints -----------------------------------------------------------
 
+
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     """A classifier checkpoint as this release writes it (with the weights' SHA-256)."""
     loaded = load_classifier(FIXTURES / "text_classifier", device="cpu")
     config = {k: v for k, v in json.loads((FIXTURES / "text_classifier" / "config.json").read_text()).items()}
-    return save_checkpoint(tmp_path / "ckpt", loaded.model, config,
-                           extra_files=lambda d: shutil.copy(FIXTURES / "text_classifier" / "tokenizer.json", d))
+    return save_checkpoint(
+        tmp_path / "ckpt",
+        loaded.model,
+        config,
+        extra_files=lambda d: shutil.copy(FIXTURES / "text_classifier" / "tokenizer.json", d),
+    )
 
 
 def _edit_config(directory: Path, edit) -> None:
@@ -209,7 +246,9 @@ def test_a_tampered_config_is_refused_before_anything_is_allocated(checkpoint: P
 
 def test_a_config_with_more_layers_than_the_weights_is_refused_before_allocation(checkpoint: Path) -> None:
     _edit_config(checkpoint, lambda c: c["model"]["encoder"].update(num_layers=40))  # the weights hold 1
-    with pytest.raises(ValueError, match=r"config.json does not fit model.safetensors: missing \['encoder.encoder.layers.1"):
+    with pytest.raises(
+        ValueError, match=r"config.json does not fit model.safetensors: missing \['encoder.encoder.layers.1"
+    ):
         load_classifier(checkpoint, device="cpu")
 
 
@@ -219,11 +258,17 @@ def test_a_broken_tokenizer_file_is_named(checkpoint: Path) -> None:
         load_classifier(checkpoint, device="cpu")
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda c: c["labels"].append("neutral"), r"labels \['negative', 'positive', 'neutral'\] do not match"),
-    (lambda c: c["model"]["encoder"].update(pad_id=1), "does not belong to this model: .* pad id 0"),
-    (lambda c: c["model"].update(extra=1), "unknown"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda c: c["labels"].append("neutral"),
+            r"labels \['negative', 'positive', 'neutral'\] do not match",
+        ),
+        (lambda c: c["model"]["encoder"].update(pad_id=1), "does not belong to this model: .* pad id 0"),
+        (lambda c: c["model"].update(extra=1), "unknown"),
+    ],
+)
 def test_checkpoint_parts_must_agree(checkpoint: Path, edit, message: str) -> None:
     _edit_config(checkpoint, edit)
     with pytest.raises((ValueError, TypeError), match=message):
@@ -237,6 +282,7 @@ def test_a_broken_config_json_names_the_file(checkpoint: Path) -> None:
 
 
 # ---- interrupted saves -------------------------------------------------------------------------
+
 
 def test_temporaries_of_an_interrupted_save_are_removed(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 2)
@@ -282,6 +328,7 @@ def test_a_crash_in_the_save_after_resuming_from_old_leaves_a_checkpoint(tmp_pat
 
 # ---- resuming ----------------------------------------------------------------------------------
 
+
 def test_resume_reuses_the_checkpoint_tokenizer_and_checks_the_labels(tmp_path: Path, monkeypatch) -> None:
     recipe = tiny_classifier_recipe(tmp_path)
     recipe.train.epochs = 1
@@ -303,9 +350,13 @@ def test_resume_reuses_the_checkpoint_tokenizer_and_checks_the_labels(tmp_path: 
 
 # ---- wrong calls -------------------------------------------------------------------------------
 
+
 def test_small_api_misuses_are_named() -> None:
-    model = sf.Transformer(sf.TransformerConfig(20, 20, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-                                                num_decoder_layers=1)).eval()
+    model = sf.Transformer(
+        sf.TransformerConfig(
+            20, 20, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1
+        )
+    ).eval()
     for dtype in (torch.uint8, torch.int8, torch.int16):
         with pytest.raises(TypeError, match="expected integer token ids"):
             model(torch.ones(1, 3, dtype=dtype), torch.ones(1, 2, dtype=torch.long))
@@ -340,9 +391,14 @@ def test_a_bad_byte_past_the_checked_start_names_the_file(tmp_path: Path, gz: bo
     from scratchformer.data.labelled_texts import load_texts
     from scratchformer.data.parallel_texts import load_parallel_texts
 
-    body = b'{"text": "a fine film", "label": 1}\n' * 3000 + '{"text": "caf\u00e9", "label": 0}\n'.encode("latin-1")
-    for name, read in (("late.jsonl", load_labelled_texts), ("late.txt", load_texts),
-                       ("late.de", lambda path: load_parallel_texts(path, path))):
+    body = b'{"text": "a fine film", "label": 1}\n' * 3000 + '{"text": "caf\u00e9", "label": 0}\n'.encode(
+        "latin-1"
+    )
+    for name, read in (
+        ("late.jsonl", load_labelled_texts),
+        ("late.txt", load_texts),
+        ("late.de", lambda path: load_parallel_texts(path, path)),
+    ):
         path = tmp_path / (name + (".gz" if gz else ""))
         path.write_bytes(gzip.compress(body) if gz else body)
         with pytest.raises(ValueError, match=f"{path}: not UTF-8 text past its first 64 KiB"):
@@ -354,7 +410,9 @@ def test_csv_rows_the_header_does_not_fit_are_malformed_not_cut(tmp_path: Path) 
     comma would silently cut a review (or, with the text first, make its tail a new class)."""
     path = tmp_path / "reviews.csv"
     path.write_text("label,text\n1,A great film\n0,Dull, and far too long\n1\n")
-    with pytest.raises(ValueError, match=f"{path}:3: more fields than the header's 2 \\(an unquoted comma\\?\\)"):
+    with pytest.raises(
+        ValueError, match=f"{path}:3: more fields than the header's 2 \\(an unquoted comma\\?\\)"
+    ):
         load_labelled_texts(path)
     data = load_labelled_texts(path, on_error="skip")
     assert data.texts == ["A great film"] and data.skipped == {"malformed": 2}  # line 4: fewer fields
@@ -370,7 +428,10 @@ def test_parallel_text_keeps_the_last_lines_ending(tmp_path: Path) -> None:
     (tmp_path / "s.de").write_text("Ein Mann\nEine Frau lief davon")
     (tmp_path / "t.en").write_text("A man\nA woman ran down\\")
     pairs = load_parallel_texts(tmp_path / "s.de", tmp_path / "t.en")
-    assert pairs.sources == ["Ein Mann", "Eine Frau lief davon"] and pairs.targets == ["A man", "A woman ran down\\"]
+    assert pairs.sources == ["Ein Mann", "Eine Frau lief davon"] and pairs.targets == [
+        "A man",
+        "A woman ran down\\",
+    ]
 
 
 @pytest.mark.parametrize("image_id", ["../outside/x.png", "/etc/passwd", "a/../../x.png"])
@@ -393,11 +454,15 @@ def test_hugging_face_datasets_get_the_jsonl_loaders_label_handling(monkeypatch)
         features = {"label": object()}  # no ClassLabel names
 
     rows: dict[str, list] = {}
-    fake = types.SimpleNamespace(load_dataset=lambda name, split: Split(text=["a", "b", "c"], label=rows["label"]))
+    fake = types.SimpleNamespace(
+        load_dataset=lambda name, split: Split(text=["a", "b", "c"], label=rows["label"])
+    )
     monkeypatch.setitem(sys.modules, "datasets", fake)
     rows["label"] = [2, 10, 0]
     data = load_hf_dataset("x", "train")
-    assert data.label_names[:3] == ["0", "1", "2"] and data.label_names[10] == "10" and data.labels == [2, 10, 0]
+    assert (
+        data.label_names[:3] == ["0", "1", "2"] and data.label_names[10] == "10" and data.labels == [2, 10, 0]
+    )
     rows["label"] = ["pos", "neg", "pos"]
     assert load_hf_dataset("x", "train").labels == [1, 0, 1]
     rows["label"] = [0, -1, 1]

@@ -76,7 +76,9 @@ def test_wrong_norm_placement_fails() -> None:
     x = torch.randn(3, 8, D, generator=torch.Generator().manual_seed(4))
     for norm_first in (False, True):
         torch.manual_seed(0)
-        ref = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, norm_first=norm_first, batch_first=True).eval()
+        ref = nn.TransformerEncoderLayer(
+            D, H, 64, dropout=0.0, norm_first=norm_first, batch_first=True
+        ).eval()
         good = sf.EncoderLayer(D, H, 64, dropout=0.0, norm_first=norm_first).eval()
         bad = sf.EncoderLayer(D, H, 64, dropout=0.0, norm_first=not norm_first).eval()
         randomize_norms(good)
@@ -87,8 +89,14 @@ def test_wrong_norm_placement_fails() -> None:
 
 
 FORBIDDEN = {
-    "MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder",
-    "TransformerEncoderLayer", "TransformerDecoderLayer", "LayerNorm", "layer_norm",
+    "MultiheadAttention",
+    "Transformer",
+    "TransformerEncoder",
+    "TransformerDecoder",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "LayerNorm",
+    "layer_norm",
     "multi_head_attention_forward",
 }
 
@@ -106,10 +114,16 @@ def test_model_code_uses_no_torch_transformer_modules() -> None:
         tree = ast.parse(path.read_text())
         where = path.relative_to(package).as_posix()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr in FORBIDDEN and (where, node.attr) not in ALLOWED:
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in FORBIDDEN
+                and (where, node.attr) not in ALLOWED
+            ):
                 base = ast.unparse(node.value)
                 if base.split(".")[0] in {"nn", "torch", "F", "functional"}:
                     offenders.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
-                offenders += [f"{path.name}:{node.lineno} import {a.name}" for a in node.names if a.name in FORBIDDEN]
+                offenders += [
+                    f"{path.name}:{node.lineno} import {a.name}" for a in node.names if a.name in FORBIDDEN
+                ]
     assert not offenders, offenders

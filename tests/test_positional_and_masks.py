@@ -58,7 +58,10 @@ def test_token_embedding_scales_by_sqrt_d_and_zeroes_padding() -> None:
 
 def test_padding_mask_true_at_real_tokens() -> None:
     tokens = torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]])
-    assert sf.padding_mask(tokens, pad_id=0).tolist() == [[True, True, False, False], [True, False, False, False]]
+    assert sf.padding_mask(tokens, pad_id=0).tolist() == [
+        [True, True, False, False],
+        [True, False, False, False],
+    ]
 
 
 def test_causal_mask_square_and_offset() -> None:

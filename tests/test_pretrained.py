@@ -99,8 +99,10 @@ def test_float64_equals_bert_model_at_every_position(ours, hf_bert) -> None:
     with torch.no_grad():
         _, hidden = encoder(batch.ids, batch.padding_mask, batch.type_ids, output_hidden_states=True)
         ref = reference(
-            input_ids=batch.ids, attention_mask=batch.padding_mask.long(),
-            token_type_ids=batch.type_ids, output_hidden_states=True,
+            input_ids=batch.ids,
+            attention_mask=batch.padding_mask.long(),
+            token_type_ids=batch.type_ids,
+            output_hidden_states=True,
         ).hidden_states
     for a, b in zip(hidden, ref):
         assert (a - b).abs().max().item() <= 1e-10
@@ -143,12 +145,20 @@ def test_directories_sentence_transformers_writes_give_its_vectors(layout: str, 
     m = sentence_modules()
     if layout == "cls pooling":
         model = sentence_transformers.SentenceTransformer(
-            modules=[m.Transformer(str(MODEL_DIR)), m.Pooling(384, pooling_mode="cls"), m.Normalize()], device="cpu")
+            modules=[m.Transformer(str(MODEL_DIR)), m.Pooling(384, pooling_mode="cls"), m.Normalize()],
+            device="cpu",
+        )
         model.save(str(tmp_path))
     elif layout == "re-saved":
         sentence_transformers.SentenceTransformer(str(MODEL_DIR), device="cpu").save(str(tmp_path))
     else:
-        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.txt",
+        ):
             shutil.copy(MODEL_DIR / name, tmp_path)
     texts = SENTENCES[2:5] + SENTENCES[-3:]  # two of 256+ tokens
     reference = sentence_transformers.SentenceTransformer(str(tmp_path), device="cpu")
@@ -159,15 +169,25 @@ def test_directories_sentence_transformers_writes_give_its_vectors(layout: str, 
 @pytest.mark.parametrize("layout", ["dense", "mean and max"])
 def test_modules_we_do_not_compute_are_refused(layout: str, tmp_path: Path) -> None:
     m = sentence_modules()
-    extra = [m.Pooling(384), m.Dense(384, 384)] if layout == "dense" else [m.Pooling(384, pooling_mode=("mean", "max"))]
-    sentence_transformers.SentenceTransformer(modules=[m.Transformer(str(MODEL_DIR)), *extra, m.Normalize()],
-                                              device="cpu").save(str(tmp_path))
-    message = "modules .*Dense.* are not supported" if layout == "dense" else r"pooling \['mean', 'max'\] is not supported"
+    extra = (
+        [m.Pooling(384), m.Dense(384, 384)]
+        if layout == "dense"
+        else [m.Pooling(384, pooling_mode=("mean", "max"))]
+    )
+    sentence_transformers.SentenceTransformer(
+        modules=[m.Transformer(str(MODEL_DIR)), *extra, m.Normalize()], device="cpu"
+    ).save(str(tmp_path))
+    message = (
+        "modules .*Dense.* are not supported"
+        if layout == "dense"
+        else r"pooling \['mean', 'max'\] is not supported"
+    )
     with pytest.raises(CheckpointError, match=message):
         SentenceEncoder.from_pretrained(tmp_path)
 
 
 # --- broken checkpoints --------------------------------------------------------------------
+
 
 @pytest.fixture()
 def checkpoint_copy(tmp_path: Path) -> Path:
@@ -187,8 +207,11 @@ def _rewrite(directory: Path, edit) -> None:
 def test_missing_tensor_is_listed(checkpoint_copy: Path) -> None:
     _rewrite(checkpoint_copy, lambda s: s.pop("encoder.layer.3.attention.self.key.weight"))
     # W^K missing: layer 3's W^Q and W^V cannot be stacked into qkv_proj, and are listed as unexpected
-    with pytest.raises(CheckpointError, match=r"missing: \['encoder.layers.3.self_attn.qkv_proj.weight'\]; "
-                                              r"unexpected: .*layers.3.self_attn.q_proj.weight"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing: \['encoder.layers.3.self_attn.qkv_proj.weight'\]; "
+        r"unexpected: .*layers.3.self_attn.q_proj.weight",
+    ):
         load_bert_encoder(checkpoint_copy)
 
 
@@ -203,7 +226,9 @@ def test_misshaped_and_unexpected_tensors_are_listed(checkpoint_copy: Path) -> N
         load_bert_encoder(checkpoint_copy)
     message = str(info.value)
     assert "unexpected: ['encoder.layer.0.attention.extra.bias']" in message
-    assert "encoder.layers.0.feed_forward.linear1.weight: checkpoint (1000, 384), model (1536, 384)" in message
+    assert (
+        "encoder.layers.0.feed_forward.linear1.weight: checkpoint (1000, 384), model (1536, 384)" in message
+    )
 
 
 def test_directory_without_config_or_weights(checkpoint_copy: Path, tmp_path: Path) -> None:
@@ -230,16 +255,32 @@ def test_unsupported_config_is_named(checkpoint_copy: Path) -> None:
 
 # --- command line ----------------------------------------------------------------------------
 
+
 def test_cli_embed_and_similarity(capsys) -> None:
     assert main(["embed", "--model", str(MODEL_DIR), "--json", "A dog runs.", "A cat sleeps."]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # JSON Lines
     assert [r["text"] for r in rows] == ["A dog runs.", "A cat sleeps."]
     assert len(rows[0]["embedding"]) == 384
 
-    assert main(["similarity", "--model", str(MODEL_DIR), "A man plays guitar.", "Someone plays the guitar."]) == 0
+    assert (
+        main(["similarity", "--model", str(MODEL_DIR), "A man plays guitar.", "Someone plays the guitar."])
+        == 0
+    )
     value = float(capsys.readouterr().out.strip())
     assert 0.7 < value <= 1.0
-    assert main(["similarity", "--model", str(MODEL_DIR), "A man plays guitar.", "Someone plays the guitar.", "--json"]) == 0
+    assert (
+        main(
+            [
+                "similarity",
+                "--model",
+                str(MODEL_DIR),
+                "A man plays guitar.",
+                "Someone plays the guitar.",
+                "--json",
+            ]
+        )
+        == 0
+    )
     row = json.loads(capsys.readouterr().out)
     assert row["score"] == pytest.approx(value, abs=1e-4) and row["text_b"] == "Someone plays the guitar."
 

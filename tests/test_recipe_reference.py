@@ -33,9 +33,22 @@ import recipe_reference as rr  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "recipes.md"
 RECIPES = sorted((ROOT / "recipes").glob("*.json"))
-DESCRIBED = [ClassifierRecipe, MLMRecipe, TranslationRecipe, CaptioningRecipe, TrainConfig, ModelConfig,
-             EncoderConfig, TransformerConfig, CaptioningConfig, ClassifierConfig, DecodingOptions,
-             CaptionSplits, SelfCriticalOptions, shape_scene_splits]
+DESCRIBED = [
+    ClassifierRecipe,
+    MLMRecipe,
+    TranslationRecipe,
+    CaptioningRecipe,
+    TrainConfig,
+    ModelConfig,
+    EncoderConfig,
+    TransformerConfig,
+    CaptioningConfig,
+    ClassifierConfig,
+    DecodingOptions,
+    CaptionSplits,
+    SelfCriticalOptions,
+    shape_scene_splits,
+]
 
 
 def page_sections() -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
@@ -47,8 +60,12 @@ def page_sections() -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
 def recipe_sections() -> dict[Path, tuple[type, list[tuple[str, dict[str, str]]]]]:
     """Each shipped recipe -> the recipe class the page says reads it (the section's table without a
     prefix) and the tables that document its sections (that section's, and the shared ones)."""
-    shared = [block for _, blocks in page_sections() for block in blocks
-              if not any("prefix" not in options for _, options in blocks)]
+    shared = [
+        block
+        for _, blocks in page_sections()
+        for block in blocks
+        if not any("prefix" not in options for _, options in blocks)
+    ]
     found: dict[Path, tuple[type, list[tuple[str, dict[str, str]]]]] = {}
     for text, blocks in page_sections():
         tops = [target for target, options in blocks if "prefix" not in options]
@@ -191,9 +208,13 @@ def test_the_extractor_reads_name_type_default_and_description() -> None:
     rows = {row.name: row for row in rr.field_docs(Tiny)}
     assert list(rows) == ["path", "size", "rate", "names", "pair", "flag", "train"]
     assert {n: (r.type, r.default) for n, r in rows.items()} == {
-        "path": ("str", "required"), "size": ("int", "3"), "rate": ("float | None", "0.0001"),
-        "names": ("list[str]", '["a", "b"]'), "pair": ("tuple[float, float]", "[0.9, 0.98]"),
-        "flag": ("bool", "false"), "train": ("TrainConfig", "{}"),
+        "path": ("str", "required"),
+        "size": ("int", "3"),
+        "rate": ("float | None", "0.0001"),
+        "names": ("list[str]", '["a", "b"]'),
+        "pair": ("tuple[float, float]", "[0.9, 0.98]"),
+        "flag": ("bool", "false"),
+        "train": ("TrainConfig", "{}"),
     }
     assert rows["path"].default_is_json is False and rows["size"].default_is_json is True
     assert rows["size"].description == "its size, in tokens."
@@ -210,26 +231,41 @@ def test_a_redeclared_field_keeps_its_base_description() -> None:
 def test_typed_dicts_and_functions() -> None:
     splits = {row.name: row for row in rr.field_docs(CaptionSplits)}
     assert {n: (r.type, r.default) for n, r in splits.items()} == {
-        "train": ("str", "required"), "valid": ("str", "required"), "test": ("str | list[str]", "optional")}
+        "train": ("str", "required"),
+        "valid": ("str", "required"),
+        "test": ("str | list[str]", "optional"),
+    }
     shapes = {row.name: (row.type, row.default) for row in rr.field_docs(shape_scene_splits)}
-    assert shapes == {"seed": ("int", "0"), "train_size": ("int", "20000"), "valid_size": ("int", "500"),
-                      "test_size": ("int", "1000")}
+    assert shapes == {
+        "seed": ("int", "0"),
+        "train_size": ("int", "20000"),
+        "valid_size": ("int", "500"),
+        "test_size": ("int", "1000"),
+    }
 
 
-@pytest.mark.parametrize(("cls", "message"), [
-    (Undescribed, r"no description for \['b'\]"),
-    (DescribedTwice, "described twice"),
-    (TwoPerEntry, "one field per entry"),
-    (DescribesAStranger, r"describes \['z'\], which are no fields"),
-])
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (Undescribed, r"no description for \['b'\]"),
+        (DescribedTwice, "described twice"),
+        (TwoPerEntry, "one field per entry"),
+        (DescribesAStranger, r"describes \['z'\], which are no fields"),
+    ],
+)
 def test_a_field_without_one_description_is_an_error(cls: type, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rr.field_docs(cls)
 
 
 def test_table_options() -> None:
-    rows = rr.table_rows(f"{__name__}.Tiny", prefix="x.", exclude="train, pair",
-                         defaults='{"size": 7}', default_text="path=from the data")
+    rows = rr.table_rows(
+        f"{__name__}.Tiny",
+        prefix="x.",
+        exclude="train, pair",
+        defaults='{"size": 7}',
+        default_text="path=from the data",
+    )
     assert [r.name for r in rows] == ["x.path", "x.size", "x.rate", "x.names", "x.flag"]
     assert (rows[0].default, rows[0].default_is_json, rows[1].default) == ("from the data", False, "7")
     assert [r.name for r in rr.table_rows(f"{__name__}.Tiny", fields="flag, size")] == ["flag", "size"]
@@ -242,16 +278,28 @@ def test_the_directive_builds_a_table_and_fails_the_build_without_a_description(
     pytest.importorskip("myst_parser")
     src = tmp_path / "src"
     src.mkdir()
-    (src / "conf.py").write_text(f"import sys\nsys.path[:0] = [{str(ROOT / 'docs' / '_ext')!r}, "
-                                 f"{str(Path(__file__).parent)!r}]\n"
-                                 "extensions = ['myst_parser', 'recipe_reference']\n")
-    (src / "index.md").write_text(f"# T\n\n```{{recipe-fields}} {__name__}.Tiny\n:prefix: t.\n```\n\n"
-                                  f"```{{recipe-fields}} {__name__}.Wider\n:prefix: w.\n```\n")
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path[:0] = [{str(ROOT / 'docs' / '_ext')!r}, "
+        f"{str(Path(__file__).parent)!r}]\n"
+        "extensions = ['myst_parser', 'recipe_reference']\n"
+    )
+    (src / "index.md").write_text(
+        f"# T\n\n```{{recipe-fields}} {__name__}.Tiny\n:prefix: t.\n```\n\n"
+        f"```{{recipe-fields}} {__name__}.Wider\n:prefix: w.\n```\n"
+    )
 
     def build() -> str:
         warnings = io.StringIO()
-        sphinx_app.Sphinx(str(src), str(src), str(tmp_path / "out"), str(tmp_path / "doctrees"), "html",
-                          status=None, warning=warnings, freshenv=True).build()
+        sphinx_app.Sphinx(
+            str(src),
+            str(src),
+            str(tmp_path / "out"),
+            str(tmp_path / "doctrees"),
+            "html",
+            status=None,
+            warning=warnings,
+            freshenv=True,
+        ).build()
         return warnings.getvalue()
 
     assert build().strip() == ""

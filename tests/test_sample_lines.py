@@ -1,4 +1,5 @@
-"""scripts/sample_lines.py: the seeded test-set sample the MiniLM figure of the pretraining guide was scored on."""
+"""scripts/sample_lines.py: the seeded test-set sample the MiniLM figure of the pretraining guide was
+scored on."""
 
 import gzip
 import json
@@ -20,7 +21,9 @@ def test_a_seeded_sample_keeps_order_and_repeats(tmp_path):
     picked = []
     for name in ("a", "b"):
         assert _run(source, tmp_path / f"{name}.jsonl", 30, "--seed", 3).returncode == 0
-        picked.append([json.loads(line)["id"] for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()])
+        picked.append(
+            [json.loads(line)["id"] for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        )
     assert picked[0] == picked[1] and len(set(picked[0])) == 30 and picked[0] == sorted(picked[0])
     assert _run(source, tmp_path / "c.jsonl", 30, "--seed", 4).returncode == 0
     assert [json.loads(x)["id"] for x in (tmp_path / "c.jsonl").read_text().splitlines()] != picked[0]

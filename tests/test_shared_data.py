@@ -1,4 +1,5 @@
-"""Checks on the real shared data (../shared/data, or $SCRATCHFORMER_DATA); skipped only where it is absent."""
+"""Checks on the real shared data (../shared/data, or $SCRATCHFORMER_DATA); skipped only where it is
+absent."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from scratchformer.tasks.classification import ClassifierRecipe
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = default_data_dir() if default_data_dir().is_absolute() else (REPO / default_data_dir())
-needs_imdb = pytest.mark.skipif(not (DATA / "imdb" / "train.jsonl.gz").is_file(), reason=f"no IMDB data under {DATA}")
+needs_imdb = pytest.mark.skipif(
+    not (DATA / "imdb" / "train.jsonl.gz").is_file(), reason=f"no IMDB data under {DATA}"
+)
 
 
 @needs_imdb
@@ -24,6 +27,8 @@ def test_imdb_loads_completely(split: str, positives: int) -> None:
 
 def test_committed_imdb_recipe_is_valid() -> None:
     recipe = ClassifierRecipe.from_json(REPO / "recipes" / "imdb.json")
-    assert recipe.train_file == "{data}/imdb/train.jsonl.gz" and recipe.test_file == "{data}/imdb/test.jsonl.gz"
+    assert (
+        recipe.train_file == "{data}/imdb/train.jsonl.gz" and recipe.test_file == "{data}/imdb/test.jsonl.gz"
+    )
     assert recipe.label_names == ["negative", "positive"]
     assert recipe.pretrained is None  # from scratch

@@ -25,4 +25,6 @@ def _ruff() -> list[str]:
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["check", "format"])
 def test_ruff(command: list[str]) -> None:
     result = subprocess.run([*_ruff(), *command, *PATHS], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, f"ruff {' '.join(command)}:\n{result.stdout[-4000:]}{result.stderr[-2000:]}"
+    assert result.returncode == 0, (
+        f"ruff {' '.join(command)}:\n{result.stdout[-4000:]}{result.stderr[-2000:]}"
+    )

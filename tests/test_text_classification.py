@@ -10,12 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchformer.data.batching import length_bucketed_batches
-from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.cli import main
+from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.data.labelled_texts import load_labelled_texts
+from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.tasks.classification import ClassifierRecipe, classification_metrics, load_classifier, train_classifier
+from scratchformer.tasks.classification import (
+    ClassifierRecipe,
+    classification_metrics,
+    load_classifier,
+    train_classifier,
+)
 from scratchformer.training import TrainConfig
 
 POSITIVE = ["great", "wonderful", "superb", "loved", "brilliant"]
@@ -31,7 +36,9 @@ def synthetic_reviews(n: int, seed: int) -> list[dict]:
         label = rng.randint(0, 1)
         words = rng.choices(FILLER, k=rng.randint(3, 12))
         words.insert(rng.randint(0, len(words)), rng.choice(POSITIVE if label else NEGATIVE))
-        rows.append({"text": " ".join(words) + (" <br /><br />the end" if rng.random() < 0.3 else ""), "label": label})
+        rows.append(
+            {"text": " ".join(words) + (" <br /><br />the end" if rng.random() < 0.3 else ""), "label": label}
+        )
     return rows
 
 
@@ -46,11 +53,32 @@ def tiny_recipe(tmp_path: Path) -> ClassifierRecipe:
     return ClassifierRecipe(
         train_file=str(write_jsonl(tmp_path / "train.jsonl.gz", synthetic_reviews(600, 0))),
         test_file=str(write_jsonl(tmp_path / "test.jsonl", synthetic_reviews(200, 1))),
-        valid_size=100, label_names=["negative", "positive"], vocab_size=200, max_length=24,
-        truncation="head", batch_size=32, head_dropout=0.0,
-        model={"d_model": 32, "num_heads": 2, "num_layers": 1, "d_ff": 64, "dropout": 0.0, "norm_first": True},
-        train=TrainConfig(out_dir=str(tmp_path / "run"), epochs=4, lr=5e-3, warmup_steps=10, eval_every=20,
-                          best_metric="accuracy", best_mode="max", progress=False, seed=3),
+        valid_size=100,
+        label_names=["negative", "positive"],
+        vocab_size=200,
+        max_length=24,
+        truncation="head",
+        batch_size=32,
+        head_dropout=0.0,
+        model={
+            "d_model": 32,
+            "num_heads": 2,
+            "num_layers": 1,
+            "d_ff": 64,
+            "dropout": 0.0,
+            "norm_first": True,
+        },
+        train=TrainConfig(
+            out_dir=str(tmp_path / "run"),
+            epochs=4,
+            lr=5e-3,
+            warmup_steps=10,
+            eval_every=20,
+            best_metric="accuracy",
+            best_mode="max",
+            progress=False,
+            seed=3,
+        ),
     )
 
 
@@ -81,19 +109,63 @@ def test_cli_train_evaluate_classify(tmp_path: Path, capsys) -> None:
     recipe["train"] = {k: v for k, v in recipe["train"].items() if k != "betas"}
     config = tmp_path / "recipe.json"
     config.write_text(json.dumps(recipe))
-    assert main(["train", "classifier", "--config", str(config), "--out", str(tmp_path / "cli"), "--epochs", "4"]) == 0
+    assert (
+        main(
+            ["train", "classifier", "--config", str(config), "--out", str(tmp_path / "cli"), "--epochs", "4"]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["test"]["accuracy"] == 1.0
 
-    assert main(["evaluate", "--checkpoint", str(tmp_path / "cli" / "best"), "--data", recipe["test_file"], "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                str(tmp_path / "cli" / "best"),
+                "--data",
+                recipe["test_file"],
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "accuracy 1.0000" in out and "confusion matrix" in out
 
-    assert main(["classify", "--checkpoint", str(tmp_path / "cli" / "best"), "--device", "cpu", "loved it", "boring"]) == 0
+    assert (
+        main(
+            [
+                "classify",
+                "--checkpoint",
+                str(tmp_path / "cli" / "best"),
+                "--device",
+                "cpu",
+                "loved it",
+                "boring",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == ["positive", "negative"]
-    assert main(["classify", "--checkpoint", str(tmp_path / "cli" / "best"), "--device", "cpu", "--json",
-                 "loved it", "boring"]) == 0
+    assert (
+        main(
+            [
+                "classify",
+                "--checkpoint",
+                str(tmp_path / "cli" / "best"),
+                "--device",
+                "cpu",
+                "--json",
+                "loved it",
+                "boring",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # JSON Lines, pipeline keys
     assert [(r["text"], r["label"]) for r in rows] == [("loved it", "positive"), ("boring", "negative")]
     assert all(0.5 < r["score"] <= 1.0 for r in rows)
@@ -101,7 +173,9 @@ def test_cli_train_evaluate_classify(tmp_path: Path, capsys) -> None:
 
 def test_mean_pooling_classifier_ignores_extra_padding() -> None:
     torch.manual_seed(0)
-    model = TextClassifier(ClassifierConfig(EncoderConfig(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64), 3)).eval()
+    model = TextClassifier(
+        ClassifierConfig(EncoderConfig(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64), 3)
+    ).eval()
     tokens = torch.randint(1, 50, (4, 9))
     tokens[1, 5:] = 0
     padded = torch.cat([tokens, torch.zeros(4, 7, dtype=torch.long)], dim=1)
@@ -113,7 +187,9 @@ def test_loader_errors_name_file_and_line(tmp_path: Path) -> None:
     bad_json.write_text('{"text": "fine", "label": 1}\n{"text": "oops", "label": \n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: malformed JSON"):
         load_labelled_texts(bad_json)
-    out_of_range = write_jsonl(tmp_path / "range.jsonl", [{"text": "a", "label": 0}, {"text": "b", "label": 5}])
+    out_of_range = write_jsonl(
+        tmp_path / "range.jsonl", [{"text": "a", "label": 0}, {"text": "b", "label": 5}]
+    )
     with pytest.raises(ValueError, match=r"range.jsonl:2: label 5 is outside the classes \[0, 2\)"):
         load_labelled_texts(out_of_range, label_names=["neg", "pos"])
     unknown = write_jsonl(tmp_path / "unknown.jsonl", [{"text": "a", "label": "meh"}])
@@ -128,8 +204,10 @@ def test_loader_errors_name_file_and_line(tmp_path: Path) -> None:
 
 def test_loader_counts_skips(tmp_path: Path) -> None:
     path = tmp_path / "mixed.jsonl"
-    path.write_text('{"text": "good", "label": 1}\n{"text": "   ", "label": 0}\nnot json\n{"text": "bad", "label": 7}\n'
-                    '{"text": "meh", "label": 0}\n')
+    path.write_text(
+        '{"text": "good", "label": 1}\n{"text": "   ", "label": 0}\nnot json\n{"text": "bad", "label": 7}\n'
+        '{"text": "meh", "label": 0}\n'
+    )
     data = load_labelled_texts(path, label_names=["neg", "pos"], on_error="skip")
     assert data.texts == ["good", "meh"] and data.labels == [1, 0]
     assert data.skipped == {"empty text": 1, "malformed": 1, "bad label": 1}
@@ -184,8 +262,8 @@ def test_length_bucketed_batches() -> None:
 
 
 def test_a_given_tokenizer_makes_fresh_runs_use_one_vocabulary(tmp_path: Path, monkeypatch) -> None:
-    """WordPiece training is not reproducible across processes (docs/guides/training.md); a recipe's ``tokenizer``
-    reuses a saved one instead, so every fresh run gets the same ids."""
+    """WordPiece training is not reproducible across processes (docs/guides/training.md); a recipe's
+    ``tokenizer`` reuses a saved one instead, so every fresh run gets the same ids."""
     from scratchformer.tasks import classification
 
     (tmp_path / "a").mkdir()

@@ -28,7 +28,9 @@ class ToyTask:
         self.nan_at_call = nan_at_call
 
     def batches(self, epoch: int, seed: int) -> list[list[int]]:
-        perm = torch.randperm(len(self.x), generator=torch.Generator().manual_seed(seed * 100 + epoch)).tolist()
+        perm = torch.randperm(
+            len(self.x), generator=torch.Generator().manual_seed(seed * 100 + epoch)
+        ).tolist()
         return [perm[i : i + self.batch] for i in range(0, len(perm), self.batch)]
 
     def loss(self, model, batch, device):
@@ -54,8 +56,16 @@ def toy_model() -> nn.Module:
 
 
 def toy_config(out: Path, **kw) -> TrainConfig:
-    base = {"out_dir": str(out), "epochs": 3, "lr": 3e-3, "warmup_steps": 3, "log_every": 1, "progress": False,
-            "seed": 7, "grad_accum": 2}
+    base = {
+        "out_dir": str(out),
+        "epochs": 3,
+        "lr": 3e-3,
+        "warmup_steps": 3,
+        "log_every": 1,
+        "progress": False,
+        "seed": 7,
+        "grad_accum": 2,
+    }
     return TrainConfig(**{**base, **kw})
 
 
@@ -63,8 +73,14 @@ def test_trainer_learns_and_writes_its_outputs(tmp_path: Path) -> None:
     result = Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=30, lr=3e-2)).fit()
     assert result.step == 30 * 4  # 8 batches per epoch, 2 per optimizer step
     assert result.losses[-1] < 0.1 * result.losses[0]
-    for name in ("metrics.jsonl", "curves.png", "best/model.safetensors", "best/config.json",
-                 "best/extra.txt", "last/training_state.pt"):
+    for name in (
+        "metrics.jsonl",
+        "curves.png",
+        "best/model.safetensors",
+        "best/config.json",
+        "best/extra.txt",
+        "last/training_state.pt",
+    ):
         assert (tmp_path / name).is_file(), name
     config = json.loads((tmp_path / "best" / "config.json").read_text())
     assert config["kind"] == "toy" and config["training"]["grad_accum"] == 2
@@ -86,7 +102,9 @@ def test_resume_reproduces_the_uninterrupted_losses_exactly(tmp_path: Path) -> N
 
     interrupted = tmp_path / "interrupted"
     with pytest.raises(Stop):
-        Trainer(toy_model(), ToyTask(), toy_config(interrupted, save_every=5, epochs=5)).fit(on_step=crash_at_13)
+        Trainer(toy_model(), ToyTask(), toy_config(interrupted, save_every=5, epochs=5)).fit(
+            on_step=crash_at_13
+        )
     assert load_training_state(interrupted / "last")["step"] == 10
 
     model = toy_model()
@@ -95,8 +113,11 @@ def test_resume_reproduces_the_uninterrupted_losses_exactly(tmp_path: Path) -> N
             p.add_(1.0)
     resumed = Trainer(model, ToyTask(), toy_config(interrupted, save_every=5, epochs=5)).fit(resume=True)
     assert resumed.losses == full.losses[10:]  # bit for bit
-    logged = [json.loads(line)["loss"] for line in (interrupted / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(line)]
+    logged = [
+        json.loads(line)["loss"]
+        for line in (interrupted / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     assert logged == full.losses  # the log was cut back to step 10, then continued
 
 
@@ -190,8 +211,11 @@ def test_resume_with_an_optimizer_state_of_another_layout_is_a_clear_error(tmp_p
     state = torch.load(path, weights_only=True)
     state["optimizer"]["param_groups"][0]["params"].append(99)  # one tensor more than this model has
     torch.save(state, path)
-    with pytest.raises(ValueError, match=r"optimizer state holds \[.*\] parameter tensors per group, this model has .* "
-                                          r"cannot resume"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer state holds \[.*\] parameter tensors per group, this model has .* "
+        r"cannot resume",
+    ):
         Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=2)).fit(resume=True)
 
 
@@ -250,28 +274,42 @@ def test_resume_refuses_a_changed_model_setting(tmp_path: Path) -> None:
             return {"kind": "toy", "model": {"encoder": {"num_heads": self.heads}}}
 
     Trainer(toy_model(), Heads(2), toy_config(tmp_path, max_steps=4)).fit()
-    with pytest.raises(ValueError, match=r"saved with model.encoder.num_heads=2, lr=0.003; "
-                                         r"this run has model.encoder.num_heads=4, lr=0.01"):
+    with pytest.raises(
+        ValueError,
+        match=r"saved with model.encoder.num_heads=2, lr=0.003; "
+        r"this run has model.encoder.num_heads=4, lr=0.01",
+    ):
         Trainer(toy_model(), Heads(4), toy_config(tmp_path, max_steps=8, lr=0.01)).fit(resume=True)
 
 
 def test_resume_may_change_the_length_device_and_logging(tmp_path: Path) -> None:
     Trainer(toy_model(), ToyTask(), toy_config(tmp_path, max_steps=4)).fit()
-    result = Trainer(toy_model(), ToyTask(), toy_config(  # out_dir as a path now
-        tmp_path, out_dir=tmp_path, max_steps=10, epochs=9, device="cpu", log_every=2, save_every=5)).fit(resume=True)
+    result = Trainer(
+        toy_model(),
+        ToyTask(),
+        toy_config(  # out_dir as a path now
+            tmp_path, out_dir=tmp_path, max_steps=10, epochs=9, device="cpu", log_every=2, save_every=5
+        ),
+    ).fit(resume=True)
     assert result.step == 10 and len(result.losses) == 6
 
 
 def test_the_logged_lr_is_the_one_each_step_used(tmp_path: Path) -> None:
     stepped: list[float] = []  # the lr of every optimizer step, as the optimizer applies it
     hook = register_optimizer_step_pre_hook(
-        lambda optimizer, args, kwargs: stepped.append(optimizer.param_groups[0]["lr"]))
+        lambda optimizer, args, kwargs: stepped.append(optimizer.param_groups[0]["lr"])
+    )
     try:
-        Trainer(toy_model(), ToyTask(), toy_config(tmp_path, schedule="linear", warmup_steps=4, lr=0.01)).fit()
+        Trainer(
+            toy_model(), ToyTask(), toy_config(tmp_path, schedule="linear", warmup_steps=4, lr=0.01)
+        ).fit()
     finally:
         hook.remove()
-    logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(line)]
+    logged = [
+        json.loads(line)["lr"]
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     multiplier = lr_multiplier("linear", 4, 12)  # 3 epochs of 4 steps
     assert logged == stepped == pytest.approx([0.01 * multiplier(s - 1) for s in range(1, 13)])
     assert logged[:4] == pytest.approx([0.0025, 0.005, 0.0075, 0.01])

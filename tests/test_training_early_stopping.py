@@ -49,13 +49,18 @@ def test_patience_stops_after_evaluations_in_a_row_without_improvement(tmp_path:
     assert averaged["checkpoints"] == 2 and chosen == "best"  # (the averaged weights evaluate to 9.0)
 
 
-@pytest.mark.parametrize(("losses", "stopped_early"), [
-    ([1.0, 1.0], {"step": 8, "best_step": 4, "patience": 1}),  # a tie is no improvement
-    ([1.0, 0.9, 0.8], None),  # every evaluation improves
-    ([1.0, 0.9, 1.2], None),  # patience runs out at the last step: the run ended anyway
-])
+@pytest.mark.parametrize(
+    ("losses", "stopped_early"),
+    [
+        ([1.0, 1.0], {"step": 8, "best_step": 4, "patience": 1}),  # a tie is no improvement
+        ([1.0, 0.9, 0.8], None),  # every evaluation improves
+        ([1.0, 0.9, 1.2], None),  # patience runs out at the last step: the run ended anyway
+    ],
+)
 def test_patience_one(tmp_path: Path, losses: list[float], stopped_early: dict | None) -> None:
-    result = Trainer(toy_model(), ScriptedEvalTask(losses), toy_config(tmp_path, eval_every=4, patience=1)).fit()
+    result = Trainer(
+        toy_model(), ScriptedEvalTask(losses), toy_config(tmp_path, eval_every=4, patience=1)
+    ).fit()
     assert result.stopped_early == stopped_early
     assert result.step == (stopped_early or {"step": 12})["step"]
     assert any("early_stop" in r for r in records(tmp_path)) == (stopped_early is not None)
@@ -63,10 +68,14 @@ def test_patience_one(tmp_path: Path, losses: list[float], stopped_early: dict |
 
 def test_a_resumed_early_stopped_run_stops_again_unless_given_more_patience(tmp_path: Path) -> None:
     scripted = [1.0, 1.1, 0.5, 0.6, 0.7]
-    first = Trainer(toy_model(), ScriptedEvalTask(scripted), toy_config(tmp_path, eval_every=2, patience=2)).fit()
+    first = Trainer(
+        toy_model(), ScriptedEvalTask(scripted), toy_config(tmp_path, eval_every=2, patience=2)
+    ).fit()
     log = (tmp_path / "metrics.jsonl").read_text()
 
-    again = Trainer(toy_model(), ScriptedEvalTask([]), toy_config(tmp_path, eval_every=2, patience=2)).fit(resume=True)
+    again = Trainer(toy_model(), ScriptedEvalTask([]), toy_config(tmp_path, eval_every=2, patience=2)).fit(
+        resume=True
+    )
     assert again.step == 10 and again.losses == [] and again.stopped_early == first.stopped_early
     assert (tmp_path / "metrics.jsonl").read_text() == log  # nothing trained, nothing written
 

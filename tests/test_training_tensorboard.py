@@ -59,7 +59,9 @@ def test_a_resumed_run_replaces_the_events_after_its_checkpoint(tmp_path: Path) 
     with pytest.raises(Stop):
         Trainer(toy_model(), ToyTask(), config).fit(on_step=crash_at_13)
     assert [step for step, _ in events(tmp_path)["loss"]] == list(range(1, 14))
-    time.sleep(1.1)  # event files are read in name order, and their names start with the second of their making
+    time.sleep(
+        1.1
+    )  # event files are read in name order, and their names start with the second of their making
     Trainer(toy_model(), ToyTask(), config).fit(resume=True)
     seen, expected = events(tmp_path), logged(tmp_path)
     assert [step for step, _ in seen["loss"]] == list(range(1, 21))

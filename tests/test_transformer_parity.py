@@ -36,7 +36,11 @@ class Reference(nn.Module):
         super().__init__()
         self.d_model = c.d_model
         self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=PAD)
-        self.tgt_embed = self.src_embed if c.share_embeddings else nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=PAD)
+        self.tgt_embed = (
+            self.src_embed
+            if c.share_embeddings
+            else nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=PAD)
+        )
         self.transformer = nn.Transformer(
             c.d_model,
             c.num_heads,
@@ -177,8 +181,15 @@ def test_shared_and_tied_weights_are_one_tensor() -> None:
 
 def test_learned_positions_model_runs_and_respects_max_len() -> None:
     cfg = sf.TransformerConfig(
-        src_vocab_size=11, tgt_vocab_size=11, d_model=16, num_heads=2, d_ff=32,
-        num_encoder_layers=1, num_decoder_layers=1, positional="learned", max_len=8,
+        src_vocab_size=11,
+        tgt_vocab_size=11,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        positional="learned",
+        max_len=8,
     )
     model = sf.Transformer(cfg)
     assert model(torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long)).shape == (2, 8, 11)

@@ -14,7 +14,6 @@ import torch
 from scratchformer.cli import main
 from scratchformer.data.parallel_texts import load_parallel_texts
 from scratchformer.data.tokenization import train_bpe
-from scratchformer.training import TrainConfig
 from scratchformer.tasks.translation import (
     TranslationRecipe,
     Translator,
@@ -23,25 +22,42 @@ from scratchformer.tasks.translation import (
     load_translator,
     train_translation,
 )
+from scratchformer.training import TrainConfig
 
 # A toy "German": every word maps to one English word, and the word order is kept.
-LEXICON = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schläft": "sleeps",
-           "rot": "red", "blau": "blue", "groß": "big", "klein": "small", "mann": "man"}
+LEXICON = {
+    "ein": "a",
+    "hund": "dog",
+    "katze": "cat",
+    "läuft": "runs",
+    "schläft": "sleeps",
+    "rot": "red",
+    "blau": "blue",
+    "groß": "big",
+    "klein": "small",
+    "mann": "man",
+}
 
 
 def toy_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
     rng = random.Random(seed)
     src, tgt = [], []
     for _ in range(n):
-        words = ["ein", rng.choice(["groß", "klein", "rot", "blau"]), rng.choice(["hund", "katze", "mann"]),
-                 rng.choice(["läuft", "schläft"])]
+        words = [
+            "ein",
+            rng.choice(["groß", "klein", "rot", "blau"]),
+            rng.choice(["hund", "katze", "mann"]),
+            rng.choice(["läuft", "schläft"]),
+        ]
         src.append(" ".join(words).capitalize() + ".")
         tgt.append(" ".join(LEXICON[w] for w in words).capitalize() + ".")
     return src, tgt
 
 
 def write(path: Path, lines: list[str]) -> str:
-    with (gzip.open(path, "wt", encoding="utf-8") if path.suffix == ".gz" else open(path, "w", encoding="utf-8")) as f:
+    with (
+        gzip.open(path, "wt", encoding="utf-8") if path.suffix == ".gz" else open(path, "w", encoding="utf-8")
+    ) as f:
         f.write("\n".join(lines) + "\n")
     return str(path)
 
@@ -52,16 +68,44 @@ def tiny_recipe(tmp_path: Path, **train) -> TranslationRecipe:
         s, t = toy_pairs(n, seed)
         paths[split] = (write(tmp_path / f"{split}.de.gz", s), write(tmp_path / f"{split}.en", t))
     return TranslationRecipe(
-        train_source=paths["train"][0], train_target=paths["train"][1],
-        valid_source=paths["valid"][0], valid_target=paths["valid"][1],
-        test_source=paths["test"][0], test_target=paths["test"][1],
-        vocab_size=400, max_length=24, max_tokens=400, average_last=2,
-        model={"d_model": 32, "num_heads": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "d_ff": 64,
-               "dropout": 0.0, "norm_first": True, "share_embeddings": True, "tie_output": True, "max_len": 64},
+        train_source=paths["train"][0],
+        train_target=paths["train"][1],
+        valid_source=paths["valid"][0],
+        valid_target=paths["valid"][1],
+        test_source=paths["test"][0],
+        test_target=paths["test"][1],
+        vocab_size=400,
+        max_length=24,
+        max_tokens=400,
+        average_last=2,
+        model={
+            "d_model": 32,
+            "num_heads": 2,
+            "num_encoder_layers": 1,
+            "num_decoder_layers": 1,
+            "d_ff": 64,
+            "dropout": 0.0,
+            "norm_first": True,
+            "share_embeddings": True,
+            "tie_output": True,
+            "max_len": 64,
+        },
         decoding={"beam_size": 3, "length_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 5},
-        train=TrainConfig(**{"out_dir": str(tmp_path / "run"), "max_steps": 300, "lr": 1e-2, "warmup_steps": 20,
-                             "schedule": "inverse_sqrt", "eval_every": 50, "best_metric": "bleu", "best_mode": "max",
-                             "progress": False, "seed": 0, **train}),
+        train=TrainConfig(
+            **{
+                "out_dir": str(tmp_path / "run"),
+                "max_steps": 300,
+                "lr": 1e-2,
+                "warmup_steps": 20,
+                "schedule": "inverse_sqrt",
+                "eval_every": 50,
+                "best_metric": "bleu",
+                "best_mode": "max",
+                "progress": False,
+                "seed": 0,
+                **train,
+            }
+        ),
     )
 
 
@@ -84,23 +128,67 @@ def test_cli_translate_evaluate_attention(tmp_path: Path, capsys, monkeypatch) -
     assert main(["translate", "--checkpoint", checkpoint, "--beam", "3", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.splitlines() == ["A small cat sleeps.", "A blue man runs."]
 
-    assert main(["evaluate", "--checkpoint", checkpoint, "--source", recipe.test_source,
-                 "--reference", recipe.test_target, "--device", "cpu", "--json"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                checkpoint,
+                "--source",
+                recipe.test_source,
+                "--reference",
+                recipe.test_target,
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     scores = json.loads(capsys.readouterr().out)
     assert scores["bleu"] > 90 and scores["chrf"] > 90 and scores["n"] == 40
     padded = tmp_path / "padded.de"  # spaces and \r around each line: read as the test set is read, stripped
-    padded.write_text("".join(f"  {line}\r\n" for line in load_parallel_texts(recipe.test_source, recipe.test_target).sources))
+    padded.write_text(
+        "".join(
+            f"  {line}\r\n" for line in load_parallel_texts(recipe.test_source, recipe.test_target).sources
+        )
+    )
     evaluate, seen = Translator.evaluate, []
-    monkeypatch.setattr(Translator, "evaluate", lambda self, sources, *a, **k: seen.append(sources) or evaluate(
-        self, sources, *a, **k))
-    assert main(["evaluate", "--checkpoint", checkpoint, "--source", str(padded), "--reference", recipe.test_target,
-                 "--device", "cpu", "--json"]) == 0
+    monkeypatch.setattr(
+        Translator,
+        "evaluate",
+        lambda self, sources, *a, **k: seen.append(sources) or evaluate(self, sources, *a, **k),
+    )
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                checkpoint,
+                "--source",
+                str(padded),
+                "--reference",
+                recipe.test_target,
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert seen == [load_parallel_texts(recipe.test_source, recipe.test_target).sources]
     assert json.loads(capsys.readouterr().out)["bleu"] == scores["bleu"]
 
-    assert main(["attention", "--checkpoint", checkpoint, "Ein rot hund läuft.", "--out", str(tmp_path / "att")]) == 0
+    assert (
+        main(["attention", "--checkpoint", checkpoint, "Ein rot hund läuft.", "--out", str(tmp_path / "att")])
+        == 0
+    )
     pngs = sorted(p.name for p in (tmp_path / "att").glob("*.png"))
-    assert pngs == ["decoder-layer0-cross_attn.png", "decoder-layer0-self_attn.png", "encoder-layer0-self_attn.png"]
+    assert pngs == [
+        "decoder-layer0-cross_attn.png",
+        "decoder-layer0-self_attn.png",
+        "encoder-layer0-self_attn.png",
+    ]
 
 
 def test_label_smoothed_loss_matches_the_formula() -> None:
@@ -132,7 +220,9 @@ def test_parallel_loader_errors_and_filters(tmp_path: Path) -> None:
     src = write(tmp_path / "a.de", ["eins", "", "drei"])
     tgt = write(tmp_path / "a.en", ["one", "two", "three"])
     data = load_parallel_texts(src, tgt)
-    assert data.sources == ["eins", "drei"] and data.targets == ["one", "three"] and data.skipped == {"empty": 1}
+    assert (
+        data.sources == ["eins", "drei"] and data.targets == ["one", "three"] and data.skipped == {"empty": 1}
+    )
     short = write(tmp_path / "b.en", ["one", "two"])
     with pytest.raises(ValueError, match=r"differ in length: .*a.de has 3 lines, .*b.en has 2"):
         load_parallel_texts(src, short)
@@ -147,7 +237,7 @@ def test_bpe_round_trips_text() -> None:
 
 
 def test_special_tokens_written_in_a_text_are_text() -> None:
-    """"</s>" typed in a sentence must not end it (EOS), nor "<pad>" vanish as padding."""
+    """ "</s>" typed in a sentence must not end it (EOS), nor "<pad>" vanish as padding."""
     from scratchformer.tasks.translation import _encode
 
     tokenizer = train_bpe(["The tag ends a line and starts one."] * 20, vocab_size=200)
@@ -161,11 +251,15 @@ def test_streamed_lines_are_stripped_as_training_reads_them() -> None:
     from scratchformer.tasks.translation import read_lines
 
     assert list(read_lines(iter([" Ein Hund.\r\n", "Zwei Katzen. \n", "Ein Mann."]), 2)) == [
-        ["Ein Hund.", "Zwei Katzen."], ["Ein Mann."]]
+        ["Ein Hund.", "Zwei Katzen."],
+        ["Ein Mann."],
+    ]
 
 
 def test_committed_recipe_is_valid() -> None:
-    recipe = TranslationRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.json")
+    recipe = TranslationRecipe.from_json(
+        Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.json"
+    )
     assert recipe.train.schedule == "inverse_sqrt" and recipe.label_smoothing == 0.1
     assert math.isclose(recipe.decoding["beam_size"], 5)
 
@@ -177,19 +271,30 @@ def test_decoding_is_chosen_on_the_validation_set(tmp_path: Path) -> None:
     search = report["decoding_search"]
     assert [(t["beam_size"], t["length_penalty"]) for t in search] == [(1, 0.0), (1, 2.0), (3, 0.0), (3, 2.0)]
     best = max(search, key=lambda t: t["bleu"])
-    assert report["decoding"] == {**recipe.decoding, "beam_size": best["beam_size"], "length_penalty": best["length_penalty"]}
+    assert report["decoding"] == {
+        **recipe.decoding,
+        "beam_size": best["beam_size"],
+        "length_penalty": best["length_penalty"],
+    }
     translator = load_translator(tmp_path / "run" / report["test_checkpoint"], device="cpu")
     assert translator.decoding == report["decoding"]  # the checkpoint decodes with the winner
     valid = load_parallel_texts(recipe.valid_source, recipe.valid_target)
-    assert translator.evaluate(valid.sources, valid.targets)["bleu"] == pytest.approx(best["bleu"])  # recomputed independently
+    assert translator.evaluate(valid.sources, valid.targets)["bleu"] == pytest.approx(
+        best["bleu"]
+    )  # recomputed independently
     test = load_parallel_texts(recipe.test_source, recipe.test_target)
     assert report["test"]["bleu"] == pytest.approx(translator.evaluate(test.sources, test.targets)["bleu"])
 
 
-@pytest.mark.parametrize("grid, message", [([4], "decoding_grid: expected an object"),
-                                           ({"beam_size": []}, "decoding_grid.beam_size: expected a non-empty list"),
-                                           ({"beam_size": [0]}, "decoding.beam_size must be >= 1"),
-                                           ({"beams": [2]}, "unknown keys")])
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ([4], "decoding_grid: expected an object"),
+        ({"beam_size": []}, "decoding_grid.beam_size: expected a non-empty list"),
+        ({"beam_size": [0]}, "decoding.beam_size must be >= 1"),
+        ({"beams": [2]}, "unknown keys"),
+    ],
+)
 def test_bad_decoding_grid_is_refused(tmp_path: Path, grid, message) -> None:
     recipe = tiny_recipe(tmp_path)
     recipe.decoding_grid = grid

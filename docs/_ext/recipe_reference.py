@@ -42,8 +42,16 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FieldDoc", "OPTIONAL", "REQUIRED", "block_rows", "directive_blocks", "field_docs", "resolve",
-           "table_rows"]
+__all__ = [
+    "FieldDoc",
+    "OPTIONAL",
+    "REQUIRED",
+    "block_rows",
+    "directive_blocks",
+    "field_docs",
+    "resolve",
+    "table_rows",
+]
 
 REQUIRED = "required"  # the default shown for a field the recipe must give
 OPTIONAL = "optional"  # the default shown for a TypedDict key that may be left out
@@ -136,8 +144,10 @@ def _section(docstring: str | None, headers: tuple[str, ...], owner: str) -> dic
             continue
         match = re.fullmatch(r"(\w+)(?:\s*\([^)]*\))?:\s*(.*)", line.strip())
         if match is None:
-            raise ValueError(f"{owner}: the {header} entry {line.strip()!r} is not 'name: description' "
-                             "(one field per entry)")
+            raise ValueError(
+                f"{owner}: the {header} entry {line.strip()!r} is not 'name: description' "
+                "(one field per entry)"
+            )
         current = match.group(1)
         if current in entries:
             raise ValueError(f"{owner}: {current!r} has two {header} entries")
@@ -234,8 +244,11 @@ def field_docs(obj: Any) -> list[FieldDoc]:
             default = REQUIRED if name in obj.__required_keys__ else OPTIONAL  # type: ignore[attr-defined]
             rows.append(FieldDoc(name, annotation or "", default, description or "", False))
     elif inspect.isfunction(obj):
-        parameters = [p for p in inspect.signature(obj).parameters.values()
-                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        parameters = [
+            p
+            for p in inspect.signature(obj).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         (declared_here,) = _declarations([obj], [p.name for p in parameters])
         for p in parameters:
             annotation, description = declared_here[p.name]
@@ -246,8 +259,10 @@ def field_docs(obj: Any) -> list[FieldDoc]:
         raise TypeError(f"{obj!r}: expected a dataclass, a TypedDict or a function")
     missing = [row.name for row in rows if not row.description]
     if missing:
-        raise ValueError(f"{obj.__module__}.{obj.__qualname__}: no description for {missing} (give each a "
-                         "trailing '# comment' or an Attributes/Args entry)")
+        raise ValueError(
+            f"{obj.__module__}.{obj.__qualname__}: no description for {missing} (give each a "
+            "trailing '# comment' or an Attributes/Args entry)"
+        )
     return rows
 
 
@@ -255,8 +270,14 @@ def _names(option: str | None) -> list[str] | None:
     return None if option is None else [n.strip() for n in option.split(",") if n.strip()]
 
 
-def table_rows(target: str, prefix: str = "", fields: str | None = None, exclude: str | None = None,
-               defaults: str | None = None, default_text: str | None = None) -> list[FieldDoc]:
+def table_rows(
+    target: str,
+    prefix: str = "",
+    fields: str | None = None,
+    exclude: str | None = None,
+    defaults: str | None = None,
+    default_text: str | None = None,
+) -> list[FieldDoc]:
     """The rows that one ``recipe-fields`` directive shows (its argument and options as written)."""
     rows = {row.name: row for row in field_docs(resolve(target))}
     shown, left_out = _names(fields), _names(exclude) or []
@@ -289,8 +310,10 @@ def block_rows(target: str, options: dict[str, str]) -> list[FieldDoc]:
 def directive_blocks(markdown: str) -> list[tuple[str, dict[str, str]]]:
     """The ``recipe-fields`` directives of a MyST page, in order: (argument, {option: value})."""
     fence = re.compile(r"^(`{3,}|:{3,})\{recipe-fields\}\s+(\S+)\s*\n(.*?)^\1\s*$", re.M | re.S)
-    return [(m.group(2), dict(re.findall(r"^:([\w-]+):[ \t]*(.*?)[ \t]*$", m.group(3), re.M)))
-            for m in fence.finditer(markdown)]
+    return [
+        (m.group(2), dict(re.findall(r"^:([\w-]+):[ \t]*(.*?)[ \t]*$", m.group(3), re.M)))
+        for m in fence.finditer(markdown)
+    ]
 
 
 _INLINE = re.compile(r"(?::[\w:-]+:)?(``?)(.+?)\1")  # ``code``, `code`, :role:`target`
@@ -328,8 +351,14 @@ def _table(rows: list[FieldDoc], nodes: Any) -> Any:
     head += row([[nodes.Text(title)] for title in ("Field", "Type", "Default", "Description")])
     for r in rows:
         default = (nodes.literal if r.default_is_json else nodes.emphasis)(r.default, r.default)
-        body += row([[nodes.literal(r.name, r.name)], [nodes.literal(r.type, r.type)] if r.type else [],
-                     [default], _inline(r.description, nodes)])
+        body += row(
+            [
+                [nodes.literal(r.name, r.name)],
+                [nodes.literal(r.type, r.type)] if r.type else [],
+                [default],
+                _inline(r.description, nodes),
+            ]
+        )
     group += [head, body]
     return table
 
@@ -344,7 +373,8 @@ def _directive() -> type:
 
         required_arguments = 1
         option_spec: typing.ClassVar[dict[str, Callable[[str], Any]]] = dict.fromkeys(
-            ("prefix", "fields", "exclude", "defaults", "default-text"), directives.unchanged)
+            ("prefix", "fields", "exclude", "defaults", "default-text"), directives.unchanged
+        )
 
         def run(self) -> list[Any]:
             target = self.arguments[0]
@@ -361,8 +391,12 @@ def _directive() -> type:
             out = [_table(rows, nodes)]
             metrics = getattr(obj, "METRICS", None)
             if isinstance(obj, type) and metrics:
-                para = nodes.paragraph("", "", nodes.literal("train.best_metric", "train.best_metric"),
-                                       nodes.Text(" is one of this task's evaluation metrics: "))
+                para = nodes.paragraph(
+                    "",
+                    "",
+                    nodes.literal("train.best_metric", "train.best_metric"),
+                    nodes.Text(" is one of this task's evaluation metrics: "),
+                )
                 for i, metric in enumerate(metrics):
                     para += [nodes.Text(", ")] if i else []
                     para += nodes.literal(json.dumps(metric), json.dumps(metric))

@@ -24,15 +24,22 @@ from scratchformer.core.masks import causal_mask, combine_masks, padding_mask
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.tokenization import TextTokenizer, TokenBatch
 from scratchformer.fast import optimize
-from scratchformer.generation import (DecoderCache, DecoderLayerCache, GenerationConfig, KVCache, beam_search, generate,
-                                     greedy_decode)
+from scratchformer.generation import (
+    DecoderCache,
+    DecoderLayerCache,
+    GenerationConfig,
+    KVCache,
+    beam_search,
+    generate,
+    greedy_decode,
+)
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig, EncoderEmbedding
+from scratchformer.models.marian import load_marian
 from scratchformer.models.masked_lm import MaskedLanguageModel, MaskedLMHead
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.models.pooling import masked_mean, pool
-from scratchformer.models.marian import load_marian
 from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 

@@ -21,9 +21,20 @@ from scratchformer.cli import evaluate, inference, tools, train
 __all__ = ["build_parser", "main"]
 
 # The subcommands, in the order ``--help`` and the command line reference list them.
-_COMMANDS = [tools.add_demo, inference.add_embed, inference.add_similarity, train.add_train, inference.add_caption,
-             tools.add_features, tools.add_shapes, inference.add_translate, tools.add_export, tools.add_attention,
-             evaluate.add_evaluate, inference.add_classify]
+_COMMANDS = [
+    tools.add_demo,
+    inference.add_embed,
+    inference.add_similarity,
+    train.add_train,
+    inference.add_caption,
+    tools.add_features,
+    tools.add_shapes,
+    inference.add_translate,
+    tools.add_export,
+    tools.add_attention,
+    evaluate.add_evaluate,
+    inference.add_classify,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="scratchformer",
         description="The Transformer of 'Attention Is All You Need', from scratch in PyTorch.",
     )
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error (anywhere on the line; or SCRATCHFORMER_DEBUG=1)")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error (anywhere on the line; or SCRATCHFORMER_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for add_command in _COMMANDS:
         add_command(sub)
@@ -55,8 +69,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug or os.environ.get("SCRATCHFORMER_DEBUG"):
             raise
         message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-        print(f"error: {message}" + ("" if isinstance(e, (ValueError, TypeError, OSError)) else f" ({type(e).__name__}; "
-              "--debug for the traceback)"), file=sys.stderr)
+        print(
+            f"error: {message}"
+            + (
+                ""
+                if isinstance(e, (ValueError, TypeError, OSError))
+                else f" ({type(e).__name__}; --debug for the traceback)"
+            ),
+            file=sys.stderr,
+        )
         return 2
     if args.command == "train":
         from scratchformer.training import distributed

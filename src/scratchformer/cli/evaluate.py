@@ -12,25 +12,39 @@ __all__ = ["add_evaluate"]
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
-    evaluate = sub.add_parser("evaluate", help="score a checkpoint: a classifier (accuracy, F1), a translator (BLEU, chrF) "
-                              "or a captioner (BLEU-1..4, CIDEr-D, exact match)")
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="score a checkpoint: a classifier (accuracy, F1), a translator (BLEU, chrF) "
+        "or a captioner (BLEU-1..4, CIDEr-D, exact match)",
+    )
     evaluate.add_argument("--checkpoint", required=True)
     evaluate.add_argument("--data", help="classifier: JSONL/CSV file with text and label")
     evaluate.add_argument("--source", help="translation: source sentences, one per line (.gz ok)")
     evaluate.add_argument("--reference", help="translation: reference translations, one per line")
     evaluate.add_argument("--captions", help="captioning: captions TSV (image_id<TAB>caption)")
-    evaluate.add_argument("--images", help="captioning: the folder of images or feature files (with --captions), "
-                          "or of the photos of --karpathy")
-    evaluate.add_argument("--flickr8k", help="captioning: a Flickr8k folder (Images/, captions.txt, split lists)")
+    evaluate.add_argument(
+        "--images",
+        help="captioning: the folder of images or feature files (with --captions), "
+        "or of the photos of --karpathy",
+    )
+    evaluate.add_argument(
+        "--flickr8k", help="captioning: a Flickr8k folder (Images/, captions.txt, split lists)"
+    )
     evaluate.add_argument("--karpathy", help="captioning: a Karpathy split JSON (dataset_coco.json, ...)")
-    evaluate.add_argument("--split", help="captioning: the split of --flickr8k (default dev) or --karpathy (default test)")
-    evaluate.add_argument("--features", help="captioning: image features file to reuse (extracted into it if missing)")
+    evaluate.add_argument(
+        "--split", help="captioning: the split of --flickr8k (default dev) or --karpathy (default test)"
+    )
+    evaluate.add_argument(
+        "--features", help="captioning: image features file to reuse (extracted into it if missing)"
+    )
     add_generation_options(evaluate)
     evaluate.add_argument("--output", help="translation/captioning: write the hypotheses here")
     evaluate.add_argument("--text-field", default="text")
     evaluate.add_argument("--label-field", default="label")
     evaluate.add_argument("--batch-size", type=positive, default=64, help="examples per batch")
-    evaluate.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (CPU or GPU)")
+    evaluate.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (CPU or GPU)"
+    )
     evaluate.add_argument("--device", default="auto")
     evaluate.add_argument("--json", action="store_true", help="the scores as one JSON object")
     evaluate.set_defaults(func=_evaluate)
@@ -40,8 +54,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     kind = checkpoint_kind(args.checkpoint)
     args.generation = generation_options(args)
     if kind not in ("translation", "captioning") and (args.generation or args.prefix):
-        raise ValueError(f"decoding flags ({', '.join(sorted(args.generation))}) apply to translation and "
-                         "captioning models, not to a classifier")
+        raise ValueError(
+            f"decoding flags ({', '.join(sorted(args.generation))}) apply to translation and "
+            "captioning models, not to a classifier"
+        )
     if kind == "translation":
         return _evaluate_translation(args)
     if kind == "captioning":
@@ -70,7 +86,9 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
 
 
 def _print_classification_report(metrics: dict) -> None:
-    print(f"accuracy {metrics['accuracy']:.4f}   macro F1 {metrics['macro_f1']:.4f}   ({metrics['n']} examples)")
+    print(
+        f"accuracy {metrics['accuracy']:.4f}   macro F1 {metrics['macro_f1']:.4f}   ({metrics['n']} examples)"
+    )
     print(f"{'class':<16}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
     for name, m in metrics["per_class"].items():
         print(f"{name:<16}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{m['support']:>10}")
@@ -86,7 +104,9 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
     from scratchformer.tasks.translation import load_translator
 
     if not (args.source and args.reference):
-        raise SystemExit("error: --source FILE and --reference FILE are required to evaluate a translation model")
+        raise SystemExit(
+            "error: --source FILE and --reference FILE are required to evaluate a translation model"
+        )
     with open_text(args.source) as f:  # lines as training and the recipe's test read them (strip)
         sources = [line.strip() for line in f]
     with open_text(args.reference) as f:
@@ -95,8 +115,14 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
     translator = load_translator(args.checkpoint, device=args.device)
     with _autocast(translator.device, args.precision):
-        scores = translator.evaluate(sources, references, config=translator.generation_config(**args.generation),
-                                     prefix=args.prefix, seed=args.seed, batch_size=args.batch_size)
+        scores = translator.evaluate(
+            sources,
+            references,
+            config=translator.generation_config(**args.generation),
+            prefix=args.prefix,
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
     return _print_scores(args, scores, "BLEU {bleu:.2f}  chrF {chrf:.2f}  ({n} sentences; {bleu_signature})")
 
 
@@ -106,24 +132,41 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
     from scratchformer.tasks.captioning import load_captioner
 
     if not (args.flickr8k or args.karpathy or (args.captions and args.images)):
-        raise SystemExit("error: a captioning model is evaluated on --flickr8k DIR, --karpathy JSON --images DIR, "
-                         "or --captions TSV --images DIR")
+        raise SystemExit(
+            "error: a captioning model is evaluated on --flickr8k DIR, --karpathy JSON --images DIR, "
+            "or --captions TSV --images DIR"
+        )
     if args.karpathy and not args.images:
         raise SystemExit("error: --karpathy JSON needs --images DIR (the folder its file paths are under)")
     captioner = load_captioner(args.checkpoint, device=args.device)
     if args.flickr8k or args.karpathy:
-        corpus = (load_flickr8k(args.flickr8k, args.split or "dev") if args.flickr8k
-                  else load_karpathy_json(args.karpathy, args.images, args.split or "test"))
+        corpus = (
+            load_flickr8k(args.flickr8k, args.split or "dev")
+            if args.flickr8k
+            else load_karpathy_json(args.karpathy, args.images, args.split or "test")
+        )
         print(corpus.report(), file=sys.stderr)
         examples = CaptionExamples(captioner.corpus_features(corpus, args.features), corpus.references)
     else:
-        examples, _ = load_caption_folder(args.captions, args.images, captioner.model.config.image_size
-                                          if captioner.model.config.input == "pixels" else None)
+        examples, _ = load_caption_folder(
+            args.captions,
+            args.images,
+            captioner.model.config.image_size if captioner.model.config.input == "pixels" else None,
+        )
     with _autocast(captioner.device, args.precision):
-        scores = captioner.evaluate(examples, config=captioner.generation_config(**args.generation), prefix=args.prefix,
-                                    seed=args.seed, batch_size=args.batch_size)
-    return _print_scores(args, scores, "BLEU-1 {bleu1:.2f}  BLEU-2 {bleu2:.2f}  BLEU-3 {bleu3:.2f}  BLEU-4 {bleu4:.2f}  "
-                                       "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)")
+        scores = captioner.evaluate(
+            examples,
+            config=captioner.generation_config(**args.generation),
+            prefix=args.prefix,
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
+    return _print_scores(
+        args,
+        scores,
+        "BLEU-1 {bleu1:.2f}  BLEU-2 {bleu2:.2f}  BLEU-3 {bleu3:.2f}  BLEU-4 {bleu4:.2f}  "
+        "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)",
+    )
 
 
 def _autocast(device, precision: str):

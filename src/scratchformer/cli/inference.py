@@ -15,15 +15,29 @@ __all__ = ["add_caption", "add_classify", "add_embed", "add_similarity", "add_tr
 
 
 def add_translate(sub: argparse._SubParsersAction) -> None:
-    translate = sub.add_parser("translate", help="translate stdin to stdout, one sentence per line (streaming)")
-    translate.add_argument("--checkpoint", required=True, help="our translation checkpoint, or a Hugging Face "
-                           "Marian directory (opus-mt: config.json, model.safetensors, source.spm, target.spm, vocab.json)")
+    translate = sub.add_parser(
+        "translate", help="translate stdin to stdout, one sentence per line (streaming)"
+    )
+    translate.add_argument(
+        "--checkpoint",
+        required=True,
+        help="our translation checkpoint, or a Hugging Face "
+        "Marian directory (opus-mt: config.json, model.safetensors, source.spm, target.spm, vocab.json)",
+    )
     add_generation_options(translate)
     translate.add_argument("--batch-size", type=positive, default=32, help="sentences decoded together")
-    translate.add_argument("--buffer-size", type=positive, default=None, help="lines read before translating "
-                           "(default: 1 when stdin is a terminal, so each line is answered at once; else --batch-size)")
-    translate.add_argument("--json", action="store_true", help='one {"translation_text", "score", "tokens", "nbest", '
-                           '...} per line')
+    translate.add_argument(
+        "--buffer-size",
+        type=positive,
+        default=None,
+        help="lines read before translating "
+        "(default: 1 when stdin is a terminal, so each line is answered at once; else --batch-size)",
+    )
+    translate.add_argument(
+        "--json",
+        action="store_true",
+        help='one {"translation_text", "score", "tokens", "nbest", ...} per line',
+    )
     translate.add_argument("--device", default="auto")
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
     translate.set_defaults(func=_translate)
@@ -40,10 +54,17 @@ def _translate(args: argparse.Namespace) -> int:
     buffer = args.buffer_size or (1 if interactive else args.batch_size)
     index = 0
     for chunk in read_lines(lines, buffer):
-        results = translator.generate(chunk, config, prefix=args.prefix, seed=args.seed, batch_size=args.batch_size)
+        results = translator.generate(
+            chunk, config, prefix=args.prefix, seed=args.seed, batch_size=args.batch_size
+        )
         for source, outputs in zip(chunk, results):
-            print_outputs("translation_text", outputs, {"source": source}, args.json,
-                          f"{index}\t" if len(outputs) > 1 else "")
+            print_outputs(
+                "translation_text",
+                outputs,
+                {"source": source},
+                args.json,
+                f"{index}\t" if len(outputs) > 1 else "",
+            )
             index += 1
         sys.stdout.flush()
     return 0
@@ -55,12 +76,21 @@ def _translate(args: argparse.Namespace) -> int:
 def add_caption(sub: argparse._SubParsersAction) -> None:
     caption = sub.add_parser("caption", help="caption image files with a captioning checkpoint")
     caption.add_argument("--checkpoint", required=True)
-    caption.add_argument("images", nargs="+", help="image files (a photo model: any size and format Pillow reads)")
+    caption.add_argument(
+        "images", nargs="+", help="image files (a photo model: any size and format Pillow reads)"
+    )
     add_generation_options(caption)
-    caption.add_argument("--json", action="store_true", help='one {"image", "generated_text", "score", "nbest"} per line')
-    caption.add_argument("--resize", action="store_true", help="resize images to the model's size (default: error)")
-    caption.add_argument("--attention-png", help="write each word's cross-attention over the image here "
-                         "(several images: NAME-0.png, NAME-1.png, ...)")
+    caption.add_argument(
+        "--json", action="store_true", help='one {"image", "generated_text", "score", "nbest"} per line'
+    )
+    caption.add_argument(
+        "--resize", action="store_true", help="resize images to the model's size (default: error)"
+    )
+    caption.add_argument(
+        "--attention-png",
+        help="write each word's cross-attention over the image here "
+        "(several images: NAME-0.png, NAME-1.png, ...)",
+    )
     caption.add_argument("--device", default="auto")
     caption.set_defaults(func=_caption)
 
@@ -82,7 +112,9 @@ def _caption(args: argparse.Namespace) -> int:
             images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
-    results = captioner.generate(images, captioner.generation_config(**options), prefix=args.prefix, seed=args.seed)
+    results = captioner.generate(
+        images, captioner.generation_config(**options), prefix=args.prefix, seed=args.seed
+    )
     for path, outputs in zip(args.images, results):
         print_outputs("generated_text", outputs, {"image": str(path)}, args.json, f"{path}\t")
     if args.attention_png:
@@ -115,12 +147,15 @@ def _classify(args: argparse.Namespace) -> int:
     clf = load_classifier(args.checkpoint, device=args.device)
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     for text, (label, prob) in zip(texts, clf.predict(texts, batch_size=args.batch_size)):
-        print(json.dumps({"text": text, "label": label, "score": prob}, ensure_ascii=False) if args.json
-              else f"{label}\t{prob:.4f}\t{text}")
+        print(
+            json.dumps({"text": text, "label": label, "score": prob}, ensure_ascii=False)
+            if args.json
+            else f"{label}\t{prob:.4f}\t{text}"
+        )
     return 0
 
 
-# ------------------------------------------------------------------------------------------------ embed, similarity
+# ------------------------------------------------------------------------------------------ embed, similarity
 
 
 def add_embed(sub: argparse._SubParsersAction) -> None:
@@ -179,6 +214,9 @@ def _similarity(args: argparse.Namespace) -> int:
     import json
 
     score = _sentence_encoder(args).similarity(args.a, args.b)
-    print(json.dumps({"text_a": args.a, "text_b": args.b, "score": score}, ensure_ascii=False) if args.json
-          else f"{score:.4f}")
+    print(
+        json.dumps({"text_a": args.a, "text_b": args.b, "score": score}, ensure_ascii=False)
+        if args.json
+        else f"{score:.4f}"
+    )
     return 0

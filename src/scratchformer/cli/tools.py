@@ -18,11 +18,17 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--task", choices=["reverse", "sort"], default="reverse")
     demo.add_argument("--steps", type=positive, default=700, help="training steps (default 700)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=non_negative, default=0, help="torch CPU threads (default: torch's choice)")
+    demo.add_argument(
+        "--threads", type=non_negative, default=0, help="torch CPU threads (default: torch's choice)"
+    )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     figure = demo.add_mutually_exclusive_group()
-    figure.add_argument("--figure", metavar="PATH", help="where to draw the cross-attention map of one held-out "
-                        "input, a PNG (default runs/demo/attention.png; folders are made)")
+    figure.add_argument(
+        "--figure",
+        metavar="PATH",
+        help="where to draw the cross-attention map of one held-out "
+        "input, a PNG (default runs/demo/attention.png; folders are made)",
+    )
     figure.add_argument("--no-figure", action="store_true", help="draw no attention map (headless use)")
     demo.set_defaults(func=_demo)
 
@@ -47,21 +53,30 @@ def _demo(args: argparse.Namespace) -> int:
     )
     attention = result.attention
     if attention is not None and attention.mirror_mass is not None:
-        print(f"cross-attention on the mirrored source digit (the anti-diagonal): {attention.mirror_mass:.1%} "
-              f"({attention.source} -> {attention.target})")
+        print(
+            f"cross-attention on the mirrored source digit (the anti-diagonal): {attention.mirror_mass:.1%} "
+            f"({attention.source} -> {attention.target})"
+        )
     if result.figure is not None:
         print(f"attention map: {result.figure}")
     return 0
 
 
-# ------------------------------------------------------------------------------------------------ features, shapes
+# ------------------------------------------------------------------------------------------- features, shapes
 
 
 def add_features(sub: argparse._SubParsersAction) -> None:
-    features = sub.add_parser("features", help="image features of a folder of photographs (frozen EfficientNet-Lite0: "
-                              "7x7x1280 regions and the pooled vector) into a safetensors file; resumable")
-    features.add_argument("--images", required=True, help="folder of image files (any size, any format Pillow reads)")
-    features.add_argument("--out", required=True, help="the .safetensors file (images already in it are skipped)")
+    features = sub.add_parser(
+        "features",
+        help="image features of a folder of photographs (frozen EfficientNet-Lite0: "
+        "7x7x1280 regions and the pooled vector) into a safetensors file; resumable",
+    )
+    features.add_argument(
+        "--images", required=True, help="folder of image files (any size, any format Pillow reads)"
+    )
+    features.add_argument(
+        "--out", required=True, help="the .safetensors file (images already in it are skipped)"
+    )
     features.add_argument("--batch-size", type=positive, default=32)
     features.add_argument("--device", default="auto")
     features.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -74,16 +89,26 @@ def _features(args: argparse.Namespace) -> int:
     from scratchformer.training import resolve_device
 
     device = resolve_device(args.device)
-    features = extract_image_features(args.images, args.out, ImageEncoder().to(device), batch_size=args.batch_size,
-                                      device=device, progress=not args.no_progress)
-    print(f"{args.out}: {len(features.names)} images, regions {tuple(features.regions.shape)}, "
-          f"pooled {tuple(features.pooled.shape)} ({features.description['encoder']})")
+    features = extract_image_features(
+        args.images,
+        args.out,
+        ImageEncoder().to(device),
+        batch_size=args.batch_size,
+        device=device,
+        progress=not args.no_progress,
+    )
+    print(
+        f"{args.out}: {len(features.names)} images, regions {tuple(features.regions.shape)}, "
+        f"pooled {tuple(features.pooled.shape)} ({features.description['encoder']})"
+    )
     return 0
 
 
 def add_shapes(sub: argparse._SubParsersAction) -> None:
     shapes = sub.add_parser("shapes", help="write rendered shape scenes as PNGs with a captions TSV")
-    shapes.add_argument("--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout")
+    shapes.add_argument(
+        "--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout"
+    )
     shapes.add_argument("--count", type=positive, default=8)
     shapes.add_argument("--seed", type=int, default=0)
     shapes.add_argument("--out", default="shapes")
@@ -101,12 +126,15 @@ def _shapes(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------------------ export, attention
+# ------------------------------------------------------------------------------------------ export, attention
 
 
 def add_export(sub: argparse._SubParsersAction) -> None:
-    export = sub.add_parser("export", help="write a checkpoint in the Hugging Face format: a translator as a Marian "
-                            "directory (MarianMTModel), a classifier's encoder or a masked LM as a BERT directory (AutoModel)")
+    export = sub.add_parser(
+        "export",
+        help="write a checkpoint in the Hugging Face format: a translator as a Marian "
+        "directory (MarianMTModel), a classifier's encoder or a masked LM as a BERT directory (AutoModel)",
+    )
     export.add_argument("--checkpoint", required=True)
     export.add_argument("--out", required=True, help="a new directory")
     export.add_argument("--format", choices=["hf"], default="hf")
@@ -121,24 +149,34 @@ def _export(args: argparse.Namespace) -> int:
     if kind == "translation":
         from scratchformer.tasks.translation import load_translator
 
-        written, what = load_translator(args.checkpoint, device="cpu").save_pretrained(args.out, args.format), "Marian (MarianMTModel)"
+        written, what = (
+            load_translator(args.checkpoint, device="cpu").save_pretrained(args.out, args.format),
+            "Marian (MarianMTModel)",
+        )
     elif kind == "text_classifier":
         from scratchformer.tasks.classification import load_classifier
 
-        written, what = load_classifier(args.checkpoint, device="cpu").save_pretrained(args.out, args.format), "BERT (AutoModel)"
+        written, what = (
+            load_classifier(args.checkpoint, device="cpu").save_pretrained(args.out, args.format),
+            "BERT (AutoModel)",
+        )
     elif kind == "masked_lm":
         from scratchformer.tasks.masked_lm import export_masked_lm
 
         written, what = export_masked_lm(args.checkpoint, args.out), "BERT (BertForMaskedLM, AutoModel)"
     else:
-        raise ValueError(f"{args.checkpoint}: a {kind!r} checkpoint has no Hugging Face format "
-                         "(translation, text_classifier and masked_lm checkpoints do)")
+        raise ValueError(
+            f"{args.checkpoint}: a {kind!r} checkpoint has no Hugging Face format "
+            "(translation, text_classifier and masked_lm checkpoints do)"
+        )
     print(f"wrote a Hugging Face {what} directory: {written}")
     return 0
 
 
 def add_attention(sub: argparse._SubParsersAction) -> None:
-    attention = sub.add_parser("attention", help="PNG heatmaps of a translation model's attention for one sentence")
+    attention = sub.add_parser(
+        "attention", help="PNG heatmaps of a translation model's attention for one sentence"
+    )
     attention.add_argument("--checkpoint", required=True)
     attention.add_argument("text")
     attention.add_argument("--out", default="attention", help="output directory for the PNGs")

@@ -9,8 +9,16 @@ from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR, default_data_dir
 
 __all__ = ["add_train"]
 
-_TRAIN_FLAGS = {"out": "out_dir", "epochs": "epochs", "max_steps": "max_steps", "precision": "precision",
-                "device": "device", "threads": "threads", "seed": "seed", "overwrite": "overwrite"}
+_TRAIN_FLAGS = {
+    "out": "out_dir",
+    "epochs": "epochs",
+    "max_steps": "max_steps",
+    "precision": "precision",
+    "device": "device",
+    "threads": "threads",
+    "seed": "seed",
+    "overwrite": "overwrite",
+}
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -19,24 +27,36 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     clf.add_argument("--config", help="recipe JSON (e.g. recipes/imdb.json)")
     clf.add_argument("--train", help="training file (JSONL/CSV, .gz ok); overrides the recipe")
     clf.add_argument("--test", help="test file, scored with the best checkpoint at the end")
-    clf.add_argument("--pretrained", help="a BERT-family checkpoint directory to fine-tune (its tokenizer too); "
-                     "overrides the recipe's")
+    clf.add_argument(
+        "--pretrained",
+        help="a BERT-family checkpoint directory to fine-tune (its tokenizer too); overrides the recipe's",
+    )
     _add_training_options(clf)
     clf.set_defaults(func=_train_classifier)
 
-    mt = train.add_parser("translation", help="machine translation (e.g. Multi30k German-English) from a recipe")
+    mt = train.add_parser(
+        "translation", help="machine translation (e.g. Multi30k German-English) from a recipe"
+    )
     mt.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/multi30k_de_en.json)")
     _add_training_options(mt)
     mt.set_defaults(func=_train_translation)
 
-    mlm = train.add_parser("mlm", help="masked-language-model pretraining of a BERT encoder on unlabelled text "
-                           "(e.g. IMDB's unlabelled reviews) from a recipe")
+    mlm = train.add_parser(
+        "mlm",
+        help="masked-language-model pretraining of a BERT encoder on unlabelled text "
+        "(e.g. IMDB's unlabelled reviews) from a recipe",
+    )
     mlm.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/imdb_mlm.json)")
-    mlm.add_argument("--texts", nargs="+", help="text files (JSONL/CSV/plain text, .gz ok); override train_files")
+    mlm.add_argument(
+        "--texts", nargs="+", help="text files (JSONL/CSV/plain text, .gz ok); override train_files"
+    )
     _add_training_options(mlm)
     mlm.set_defaults(func=_train_mlm)
 
-    cap = train.add_parser("captioner", help="image captioning from a recipe (Flickr8k photographs, the built-in shape scenes, ...)")
+    cap = train.add_parser(
+        "captioner",
+        help="image captioning from a recipe (Flickr8k photographs, the built-in shape scenes, ...)",
+    )
     cap.add_argument("--config", required=True, help="recipe JSON (e.g. recipes/shapes_captioning.json)")
     _add_training_options(cap)
     cap.set_defaults(func=_train_captioner)
@@ -44,23 +64,37 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
     """The options every ``train`` command shares; they override the recipe's ``train`` section."""
-    parser.add_argument("--data-dir", help="what {data} means in recipe paths (default $SCRATCHFORMER_DATA or "
-                        f"{DEFAULT_DATA_DIR})")
-    parser.add_argument("--out", help="output directory (checkpoints, metrics.jsonl, curves.png, report.json)")
-    parser.add_argument("--epochs", type=positive, help="passes over the training data; replaces the recipe's "
-                        "max_steps (which would stop training first) unless --max-steps is given too")
+    parser.add_argument(
+        "--data-dir",
+        help=f"what {{data}} means in recipe paths (default $SCRATCHFORMER_DATA or {DEFAULT_DATA_DIR})",
+    )
+    parser.add_argument(
+        "--out", help="output directory (checkpoints, metrics.jsonl, curves.png, report.json)"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=positive,
+        help="passes over the training data; replaces the recipe's "
+        "max_steps (which would stop training first) unless --max-steps is given too",
+    )
     parser.add_argument("--max-steps", type=positive, help="optimizer steps in total (instead of epochs)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device")
     parser.add_argument("--threads", type=non_negative)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last")
-    parser.add_argument("--overwrite", action="store_true", default=None,
-                        help="replace an earlier run in OUT (default: refuse to train over it)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace an earlier run in OUT (default: refuse to train over it)",
+    )
 
 
 def _train_overrides(args: argparse.Namespace) -> dict:
-    overrides = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None}
+    overrides = {
+        field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None
+    }
     if args.epochs is not None and args.max_steps is None:
         overrides["max_steps"] = None  # the epochs asked for, not the recipe's max_steps, end the run
     return overrides
@@ -123,7 +157,9 @@ def _train_translation(args: argparse.Namespace) -> int:
 def _train_mlm(args: argparse.Namespace) -> int:
     from scratchformer.tasks.masked_lm import MLMRecipe, pretrain_mlm
 
-    return _train_from_recipe(args, MLMRecipe, pretrain_mlm, **({"train_files": args.texts} if args.texts else {}))
+    return _train_from_recipe(
+        args, MLMRecipe, pretrain_mlm, **({"train_files": args.texts} if args.texts else {})
+    )
 
 
 def _train_captioner(args: argparse.Namespace) -> int:

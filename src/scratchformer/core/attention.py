@@ -26,9 +26,17 @@ __all__ = ["MultiHeadAttention", "fuse_qkv", "scaled_dot_product_attention"]
 _HALF = (torch.float16, torch.bfloat16)  # the softmax of these runs in fp32
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
-                                 is_causal: bool = False, dropout_p: float = 0.0, need_weights: bool = False,
-                                 scale: float | None = None) -> tuple[Tensor, Tensor | None]:
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T * scale) v for every head: q (B, H, T, d_k), k (B, H, S, d_k), v (B, H, S, d_v)
     -> (B, H, T, d_v), and the (B, H, T, S) probabilities (before dropout) if ``need_weights``.
 
@@ -53,11 +61,14 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
         scores = torch.matmul(q * scale, k.transpose(-2, -1))  # (B, H, T, S); scaled first: no fp16 overflow
         if mask is not None:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if scores.dtype in _HALF else None).to(q.dtype)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if scores.dtype in _HALF else None).to(
+            q.dtype
+        )
         out = torch.matmul(F.dropout(weights, dropout_p) if dropout_p > 0 else weights, v)
     else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                                             scale=scale)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
         weights = None
 
     if row_has_key is not None:
@@ -71,8 +82,11 @@ def fuse_qkv(state: dict[str, Tensor], prefix: str = "") -> None:
     for name in [n for n in state if n.startswith(prefix) and n.split(".")[-2:-1] == ["q_proj"]]:
         stem, kind = name.rsplit("q_proj.", 1)
         parts = [f"{stem}{x}_proj.{kind}" for x in "qkv"]
-        if all(p in state for p in parts) and f"{stem}qkv_proj.{kind}" not in state \
-                and len({state[p].shape for p in parts}) == 1:  # else left for the caller's error report
+        if (
+            all(p in state for p in parts)
+            and f"{stem}qkv_proj.{kind}" not in state
+            and len({state[p].shape for p in parts}) == 1
+        ):  # else left for the caller's error report
             state[f"{stem}qkv_proj.{kind}"] = torch.cat([state.pop(p) for p in parts])
 
 
@@ -82,9 +96,17 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         if num_heads <= 0 or d_model % num_heads != 0:
-            raise ValueError(f"num_heads must be positive, got {num_heads}" if num_heads <= 0 else
-                             f"d_model={d_model} must be divisible by num_heads={num_heads} (d_k = D / H)")
-        self.d_model, self.num_heads, self.d_k, self.dropout = d_model, num_heads, d_model // num_heads, dropout
+            raise ValueError(
+                f"num_heads must be positive, got {num_heads}"
+                if num_heads <= 0
+                else f"d_model={d_model} must be divisible by num_heads={num_heads} (d_k = D / H)"
+            )
+        self.d_model, self.num_heads, self.d_k, self.dropout = (
+            d_model,
+            num_heads,
+            d_model // num_heads,
+            dropout,
+        )
         self.scale = self.d_k**-0.5  # 1 / sqrt(d_k)
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V], all heads
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
@@ -111,9 +133,19 @@ class MultiHeadAttention(nn.Module):
     def _split_heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, d_k)
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.d_k).transpose(1, 2)
 
-    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
-                key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None, is_causal: bool = False,
-                need_weights: bool = False, cache: Any = None, static_kv: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        cache: Any = None,
+        static_kv: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` (B, T, D) to ``key``/``value`` (B, S, D), default ``query``: returns
         (B, T, D) and the (B, H, T, S) weights if ``need_weights`` (else None).
 
@@ -133,8 +165,11 @@ class MultiHeadAttention(nn.Module):
         else:
             q = self._project(query, 0, 1)
             if not reuse:  # keys and values of the memory: one matmul when key is value
-                k, v = (self._project(key, 1, 2).split(D, dim=-1) if value is key
-                        else (self._project(key, 1, 1), self._project(value, 2, 1)))
+                k, v = (
+                    self._project(key, 1, 2).split(D, dim=-1)
+                    if value is key
+                    else (self._project(key, 1, 1), self._project(value, 2, 1))
+                )
         q = self._split_heads(q)  # (B, H, T, d_k)
         if reuse:  # cross-attention: the memory was projected on the first step
             k, v = cache.k, cache.v
@@ -150,8 +185,17 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, D)  # concatenate the heads: (B, T, D)
         return self.out_proj(out), weights
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """Attention of the heads q (B, H, T, d_k) to k, v (B, H, S, d_k) (a speed path may override)."""
-        return scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
-                                            dropout_p=self.dropout if self.training else 0.0, scale=self.scale)
+        return scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            is_causal=is_causal,
+            need_weights=need_weights,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
+        )

@@ -13,7 +13,11 @@ from typing import Any, ClassVar, TypeVar
 from torch import nn
 
 from scratchformer.core.decoder import Decoder, DecoderLayer
-from scratchformer.core.embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from scratchformer.core.embedding import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+)
 from scratchformer.core.encoder import Encoder, EncoderLayer
 from scratchformer.core.layer_norm import LayerNorm
 
@@ -54,13 +58,20 @@ class ModelConfig:
         for name in (*self.VOCABS, "d_model", "num_heads", "d_ff", "max_len", *self.SIZES, *self.DEPTHS):
             value, least = getattr(self, name), 0 if name in self.DEPTHS else 1
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-                raise ValueError(f"{name} must be {'>= 0' if least == 0 else 'positive'} (an integer), got {value!r}")
+                raise ValueError(
+                    f"{name} must be {'>= 0' if least == 0 else 'positive'} (an integer), got {value!r}"
+                )
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)")
-        for name, choices in (("positional", ("sinusoidal", "learned")), ("activation", ("relu", "gelu", "silu")),
-                              ("sinusoidal_layout", ("interleaved", "halves"))):
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads} (d_k = D / H)"
+            )
+        for name, choices in (
+            ("positional", ("sinusoidal", "learned")),
+            ("activation", ("relu", "gelu", "silu")),
+            ("sinusoidal_layout", ("interleaved", "halves")),
+        ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {choices}, got {getattr(self, name)!r}")
         for name in ("dropout", "attention_dropout"):
@@ -92,23 +103,37 @@ class ModelConfig:
         return SinusoidalPositionalEncoding(self.d_model, self.max_len, self.sinusoidal_layout)
 
     def has_final_norm(self, num_layers: int) -> bool:
-        """Whether a stack of ``num_layers`` layers ends with a LayerNorm (``final_norm``; None: if pre-LN)."""
+        """Whether a stack of ``num_layers`` layers ends with a LayerNorm (``final_norm``; None: if
+        pre-LN)."""
         return self.norm_first and num_layers > 0 if self.final_norm is None else self.final_norm
 
     def _final_norm(self, num_layers: int) -> LayerNorm | None:
         return LayerNorm(self.d_model, self.layer_norm_eps) if self.has_final_norm(num_layers) else None
 
     def _layer_args(self) -> tuple[Any, ...]:
-        return (self.d_model, self.num_heads, self.d_ff, self.dropout, self.activation, self.norm_first,
-                self.layer_norm_eps, self.bias, self.attention_dropout)
+        return (
+            self.d_model,
+            self.num_heads,
+            self.d_ff,
+            self.dropout,
+            self.activation,
+            self.norm_first,
+            self.layer_norm_eps,
+            self.bias,
+            self.attention_dropout,
+        )
 
     def build_encoder(self, num_layers: int) -> Encoder:
         """N encoder layers and, if wanted, the final LayerNorm."""
-        return Encoder([EncoderLayer(*self._layer_args()) for _ in range(num_layers)], self._final_norm(num_layers))
+        return Encoder(
+            [EncoderLayer(*self._layer_args()) for _ in range(num_layers)], self._final_norm(num_layers)
+        )
 
     def build_decoder(self, num_layers: int) -> Decoder:
         """N decoder layers and, if wanted, the final LayerNorm."""
-        return Decoder([DecoderLayer(*self._layer_args()) for _ in range(num_layers)], self._final_norm(num_layers))
+        return Decoder(
+            [DecoderLayer(*self._layer_args()) for _ in range(num_layers)], self._final_norm(num_layers)
+        )
 
     def build_output(self, vocab_size: int, tied_to: TokenEmbedding | None = None) -> nn.Linear:
         """The pre-softmax projection D -> V; ``tied_to``: share that embedding's matrix (section 3.4)."""

@@ -47,8 +47,9 @@ class TokenEmbedding(nn.Module):
         return nn.functional.embedding(tokens, self.weight, self.padding_idx) * self.scale
 
 
-def sinusoidal_table(length: int, d_model: int, dtype: torch.dtype = torch.float32,
-                     layout: str = "interleaved") -> Tensor:
+def sinusoidal_table(
+    length: int, d_model: int, dtype: torch.dtype = torch.float32, layout: str = "interleaved"
+) -> Tensor:
     """The ``(length, D)`` table of the paper's formula, computed in float64 then cast; ``layout``
     "interleaved" (sin, cos, sin, cos, ...) or "halves" (all sines, then all cosines)."""
     if d_model % 2:
@@ -99,6 +100,8 @@ class LearnedPositionalEmbedding(nn.Module):
         check_features("x", x, "(B, L, D)", self.weight.shape[1])
         end = offset + x.shape[1]
         if end > self.max_len:
-            raise ValueError(f"LearnedPositionalEmbedding: positions up to {end} requested, but the table has "
-                             f"max_len={self.max_len} positions")
+            raise ValueError(
+                f"LearnedPositionalEmbedding: positions up to {end} requested, but the table has "
+                f"max_len={self.max_len} positions"
+            )
         return x + self.weight[offset:end].to(x.dtype)

@@ -23,8 +23,9 @@ from scratchformer.core.masks import expand_attention_mask
 __all__ = ["Encoder", "EncoderLayer", "residual"]
 
 
-def residual(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module,
-             norm_first: bool) -> Tensor:
+def residual(
+    x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module, norm_first: bool
+) -> Tensor:
     """A sub-layer with its residual connection: LayerNorm(x + Dropout(Sublayer(x))) (post-LN, the
     paper), or with ``norm_first`` x + Dropout(Sublayer(LayerNorm(x))) (pre-LN)."""
     if norm_first:
@@ -37,20 +38,35 @@ class EncoderLayer(nn.Module):
     Arguments as :class:`~scratchformer.core.config.ModelConfig`'s fields (D, H, d_ff, ...);
     ``attention_dropout`` 0 lets the fused attention kernel run, much faster on CPU."""
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, activation: str = "relu",
-                 norm_first: bool = False, layer_norm_eps: float = 1e-5, bias: bool = True,
-                 attention_dropout: float | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+        attention_dropout: float | None = None,
+    ):
         super().__init__()
         self.norm_first = norm_first
         attention_dropout = dropout if attention_dropout is None else attention_dropout
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attention_dropout, bias=bias)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias=bias)
-        self.norm1, self.norm2 = LayerNorm(d_model, eps=layer_norm_eps), LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm1, self.norm2 = (
+            LayerNorm(d_model, eps=layer_norm_eps),
+            LayerNorm(d_model, eps=layer_norm_eps),
+        )
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         """x (B, S, D) -> (B, S, D); key_padding_mask (B, S) bool, True at real tokens; attn_mask
         (S, S), (B, S, S) or (B, H, S, S) bool, True = may attend."""
+
         def self_attention(y: Tensor) -> Tensor:
             return self.self_attn(y, key_padding_mask=key_padding_mask, attn_mask=attn_mask)[0]
 
@@ -66,8 +82,13 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = norm
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
-                output_hidden_states: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """x (B, S, D) -> (B, S, D); masks as in ``EncoderLayer``, merged once here. With
         ``output_hidden_states`` also the N + 1 hidden states: the input, then every layer's output
         (the last one before the final norm, as Hugging Face does)."""

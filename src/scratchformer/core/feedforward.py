@@ -1,6 +1,6 @@
 """Position-wise feed-forward network (paper, section 3.3), applied to every position separately:
 
-    FFN(x) = max(0, x W1 + b1) W2 + b2        (D -> d_ff -> D; ReLU as the paper, or GELU as BERT)
+FFN(x) = max(0, x W1 + b1) W2 + b2        (D -> d_ff -> D; ReLU as the paper, or GELU as BERT)
 """
 
 from __future__ import annotations
@@ -12,13 +12,19 @@ from scratchformer.core.checks import check_features
 
 __all__ = ["PositionwiseFeedForward"]
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}  # gelu: exact (erf), as BERT; silu = swish (Marian)
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+}  # gelu: exact (erf), as BERT; silu = swish (Marian)
 
 
 class PositionwiseFeedForward(nn.Module):
     """D -> d_ff (2048 in the paper for D = 512) -> D, with the activation and dropout between."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1, activation: str = "relu", bias: bool = True):
+    def __init__(
+        self, d_model: int, d_ff: int, dropout: float = 0.1, activation: str = "relu", bias: bool = True
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")

@@ -49,13 +49,16 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
         try:
             result = mask if result is None else result & mask
         except RuntimeError:
-            raise ValueError(f"combine_masks: mask {i} of shape {tuple(mask.shape)} does not broadcast with "
-                             f"the masks before it, combined shape {tuple(result.shape)}") from None
+            raise ValueError(
+                f"combine_masks: mask {i} of shape {tuple(mask.shape)} does not broadcast with "
+                f"the masks before it, combined shape {tuple(result.shape)}"
+            ) from None
     return result
 
 
-def fold_causal(mask: Tensor | None, is_causal: bool, T: int, S: int, device: torch.device,
-                force: bool = False) -> tuple[Tensor | None, bool]:
+def fold_causal(
+    mask: Tensor | None, is_causal: bool, T: int, S: int, device: torch.device, force: bool = False
+) -> tuple[Tensor | None, bool]:
     """(mask, is_causal) with the causal mask ANDed into ``mask``, unless the fused kernel can apply
     it alone (``is_causal`` with no other mask and T == S, and not ``force``). A single query (the
     last position, as when decoding with a cache) may see every key: nothing to hide."""
@@ -66,8 +69,9 @@ def fold_causal(mask: Tensor | None, is_causal: bool, T: int, S: int, device: to
     return mask, is_causal
 
 
-def expand_attention_mask(key_padding_mask: Tensor | None, attn_mask: Tensor | None,
-                          batch: int, heads: int, T: int, S: int) -> Tensor | None:
+def expand_attention_mask(
+    key_padding_mask: Tensor | None, attn_mask: Tensor | None, batch: int, heads: int, T: int, S: int
+) -> Tensor | None:
     """Check and merge ``key_padding_mask`` (B, S), True at real keys, and ``attn_mask`` (T, S),
     (B, T, S) or (B, H, T, S), True = may attend, into one bool (B|1, H|1, T|1, S) tensor, or None."""
     merged = None
@@ -75,8 +79,15 @@ def expand_attention_mask(key_padding_mask: Tensor | None, attn_mask: Tensor | N
         check_mask("key_padding_mask", key_padding_mask, [(batch, S)], ["(B, S)"])
         merged = key_padding_mask[:, None, None, :]
     if attn_mask is not None:
-        check_mask("attn_mask", attn_mask, [(T, S), (batch, T, S), (batch, heads, T, S)],
-                   ["(T, S)", "(B, T, S)", "(B, H, T, S)"], broadcast=True)
-        attn_mask = {2: attn_mask[None, None], 3: attn_mask[:, None]}.get(attn_mask.dim(), attn_mask)  # 4 dims
+        check_mask(
+            "attn_mask",
+            attn_mask,
+            [(T, S), (batch, T, S), (batch, heads, T, S)],
+            ["(T, S)", "(B, T, S)", "(B, H, T, S)"],
+            broadcast=True,
+        )
+        attn_mask = {2: attn_mask[None, None], 3: attn_mask[:, None]}.get(
+            attn_mask.dim(), attn_mask
+        )  # 4 dims
         merged = attn_mask if merged is None else merged & attn_mask
     return merged

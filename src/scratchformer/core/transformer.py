@@ -38,8 +38,10 @@ class TransformerConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size, got "
-                             f"{self.src_vocab_size} and {self.tgt_vocab_size}")
+            raise ValueError(
+                "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
+                f"{self.src_vocab_size} and {self.tgt_vocab_size}"
+            )
 
 
 class Transformer(nn.Module):
@@ -75,10 +77,18 @@ class Transformer(nn.Module):
             check_mask("src_padding_mask", src_padding_mask, [tuple(src.shape)], ["(B, L)"])
         else:
             src_padding_mask = self.source_padding_mask(src)
-        return self.encoder(self.dropout(self.src_pos(self.src_embed(src))), key_padding_mask=src_padding_mask)
+        return self.encoder(
+            self.dropout(self.src_pos(self.src_embed(src))), key_padding_mask=src_padding_mask
+        )
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None,
-               tgt_padding_mask: Tensor | None = None, cache: Any = None) -> Tensor:
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+        cache: Any = None,
+    ) -> Tensor:
         """Next-token logits (B, T, V_tgt) for the target prefix ``tgt`` (B, T) (with a ``cache``, the
         new tokens only; it is updated in place) given ``memory`` (B, S, D) from :meth:`encode`.
         ``src_padding_mask`` (B, S), True at real tokens. ``tgt_padding_mask`` (B, T) is not needed
@@ -86,8 +96,10 @@ class Transformer(nn.Module):
         offset = len(cache) if cache is not None else 0
         check_tokens("tgt", tgt, self.config.tgt_vocab_size)
         if offset + tgt.shape[1] > self.config.max_len:
-            raise ValueError(f"tgt: sequence length {offset + tgt.shape[1]} exceeds the configured maximum "
-                             f"max_len={self.config.max_len}")
+            raise ValueError(
+                f"tgt: sequence length {offset + tgt.shape[1]} exceeds the configured maximum "
+                f"max_len={self.config.max_len}"
+            )
         check_features("memory", memory, "(B, S, D)", self.config.d_model, batch=tgt.shape[0])
         if src_padding_mask is not None:
             check_mask("src_padding_mask", src_padding_mask, [tuple(memory.shape[:2])], ["(B, S)"])
@@ -96,11 +108,23 @@ class Transformer(nn.Module):
             if cache is not None:
                 raise ValueError("tgt_padding_mask is not supported with a cache (incremental decoding)")
         x = self.dropout(self.tgt_pos(self.tgt_embed(tgt), offset=offset))
-        return self.generator(self.decoder(x, memory, tgt_key_padding_mask=tgt_padding_mask,
-                                           memory_key_padding_mask=src_padding_mask, cache=cache))
+        return self.generator(
+            self.decoder(
+                x,
+                memory,
+                tgt_key_padding_mask=tgt_padding_mask,
+                memory_key_padding_mask=src_padding_mask,
+                cache=cache,
+            )
+        )
 
-    def forward(self, src: Tensor, tgt: Tensor, src_padding_mask: Tensor | None = None,
-                tgt_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
         """Teacher forcing: src (B, S), tgt (B, T) token ids -> (B, T, V_tgt) logits; masks as in
         :meth:`encode` and :meth:`decode`. The decoder's self-attention is always causal."""
         memory = self.encode(src, src_padding_mask)

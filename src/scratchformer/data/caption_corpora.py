@@ -25,8 +25,11 @@ from scratchformer.data.labelled_texts import open_text
 
 __all__ = ["CaptionCorpus", "load_flickr8k", "load_karpathy_json"]
 
-FLICKR8K_SPLITS = {"train": "Flickr_8k.trainImages.txt", "dev": "Flickr_8k.devImages.txt",
-                   "test": "Flickr_8k.testImages.txt"}
+FLICKR8K_SPLITS = {
+    "train": "Flickr_8k.trainImages.txt",
+    "dev": "Flickr_8k.devImages.txt",
+    "test": "Flickr_8k.testImages.txt",
+}
 
 
 @dataclass
@@ -108,7 +111,9 @@ def load_flickr8k(root: str | Path, split: str = "train", images: str = "Images"
         listing = root / FLICKR8K_SPLITS[split]
         if not listing.is_file():
             raise FileNotFoundError(f"{listing}: the {split} split list is not there")
-        wanted = list(dict.fromkeys(n.strip() for n in listing.read_text(encoding="utf-8").splitlines() if n.strip()))
+        wanted = list(
+            dict.fromkeys(n.strip() for n in listing.read_text(encoding="utf-8").splitlines() if n.strip())
+        )
     return _collect(image_dir, _read_flickr_captions(captions), wanted)
 
 
@@ -134,5 +139,7 @@ def load_karpathy_json(path: str | Path, image_dir: str | Path, split: str = "tr
                 name = "/".join(p for p in (im.get("filepath"), im["filename"]) if p)
                 rows += [(name, s.get("raw", "")) for s in im.get("sentences", [])] or [(name, "")]
     except (KeyError, AttributeError, TypeError) as e:
-        raise ValueError(f"{path}: an image entry without filename/sentences ({type(e).__name__}: {e})") from None
+        raise ValueError(
+            f"{path}: an image entry without filename/sentences ({type(e).__name__}: {e})"
+        ) from None
     return _collect(Path(image_dir), rows, None)

@@ -31,17 +31,25 @@ def caption_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]
         from pycocoevalcap.bleu.bleu import Bleu
         from pycocoevalcap.cider.cider import Cider
     except ImportError as e:
-        raise ImportError("captioning metrics need pycocoevalcap: pip install 'scratchformer[captioning]'") from e
+        raise ImportError(
+            "captioning metrics need pycocoevalcap: pip install 'scratchformer[captioning]'"
+        ) from e
     if len(hypotheses) != len(references) or not hypotheses:
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} reference lists (need the same, > 0)")
+        raise ValueError(
+            f"{len(hypotheses)} hypotheses for {len(references)} reference lists (need the same, > 0)"
+        )
     res = {i: [" ".join(caption_words(h))] for i, h in enumerate(hypotheses)}
     gts = {i: [" ".join(caption_words(r)) for r in refs] for i, refs in enumerate(references)}
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     cider, _ = Cider().compute_score(gts, res)
     exact = sum(res[i][0] in gts[i] for i in res)
-    return {**{f"bleu{n}": 100 * b for n, b in enumerate(bleu, 1)}, "cider": 100 * float(cider),
-            "exact_match": exact / len(res), "n": len(res),
-            "tokenisation": "caption_words: lower case, punctuation split off and removed (PTB's list)"}
+    return {
+        **{f"bleu{n}": 100 * b for n, b in enumerate(bleu, 1)},
+        "cider": 100 * float(cider),
+        "exact_match": exact / len(res),
+        "n": len(res),
+        "tokenisation": "caption_words: lower case, punctuation split off and removed (PTB's list)",
+    }
 
 
 class CiderD:
@@ -64,7 +72,9 @@ class CiderD:
         self.refs = [[self._vector(words) for words in refs] for refs in tokenised]
 
     def _ngrams(self, words: list[str]) -> Counter[tuple[str, ...]]:
-        return Counter(tuple(words[i : i + k]) for k in range(1, self.n + 1) for i in range(len(words) - k + 1))
+        return Counter(
+            tuple(words[i : i + k]) for k in range(1, self.n + 1) for i in range(len(words) - k + 1)
+        )
 
     def _vector(self, words: list[str]) -> tuple[list[dict[tuple[str, ...], float]], list[float], int]:
         vec: list[dict[tuple[str, ...], float]] = [{} for _ in range(self.n)]
@@ -78,13 +88,16 @@ class CiderD:
         return vec, [math.sqrt(x) for x in norm], length
 
     def score(self, hypothesis: str, image: int) -> float:
-        """CIDEr-D (x10, as pycocoevalcap: 10 = perfect consensus) of ``hypothesis`` for reference set ``image``."""
+        """CIDEr-D (x10, as pycocoevalcap: 10 = perfect consensus) of ``hypothesis`` for reference set
+        ``image``."""
         vec, norm, length = self._vector(caption_words(hypothesis))
         total = 0.0
         for ref_vec, ref_norm, ref_length in self.refs[image]:
             penalty = math.exp(-((length - ref_length) ** 2) / (2 * self.sigma**2))
             for k in range(self.n):
-                value = sum(min(w, ref_vec[k].get(g, 0.0)) * ref_vec[k].get(g, 0.0) for g, w in vec[k].items())
+                value = sum(
+                    min(w, ref_vec[k].get(g, 0.0)) * ref_vec[k].get(g, 0.0) for g, w in vec[k].items()
+                )
                 if norm[k] and ref_norm[k]:
                     value /= norm[k] * ref_norm[k]
                 total += value * penalty

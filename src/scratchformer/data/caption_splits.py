@@ -16,8 +16,14 @@ from scratchformer.data.caption_corpora import CaptionCorpus
 from scratchformer.data.captions import CaptionExamples, Vocabulary, load_caption_folder, load_cs231n_captions
 from scratchformer.data.image_features import ImageFeatures
 
-__all__ = ["cs231n_splits", "folder_splits", "photo_split_names", "photo_splits", "photos_folder",
-           "training_vocabulary"]
+__all__ = [
+    "cs231n_splits",
+    "folder_splits",
+    "photo_split_names",
+    "photo_splits",
+    "photos_folder",
+    "training_vocabulary",
+]
 
 
 def training_vocabulary(splits: dict[str, CaptionExamples], min_count: int) -> Vocabulary:
@@ -25,19 +31,25 @@ def training_vocabulary(splits: dict[str, CaptionExamples], min_count: int) -> V
     return Vocabulary.build((c for refs in splits["train"].references for c in refs), min_count)
 
 
-def cs231n_splits(folder: str | Path, pca_features: bool = True, max_train: int | None = None,
-                  valid_size: int = 500) -> tuple[dict[str, CaptionExamples], Vocabulary]:
+def cs231n_splits(
+    folder: str | Path, pca_features: bool = True, max_train: int | None = None, valid_size: int = 500
+) -> tuple[dict[str, CaptionExamples], Vocabulary]:
     """cs231n's COCO features (:func:`load_cs231n_captions`): its train split (the first ``max_train``
     images; None: all), and its val split cut in two, valid (the first ``valid_size`` images) and
     test (the rest); with cs231n's vocabulary."""
     train, vocab = load_cs231n_captions(folder, "train", pca_features, max_train)
     val, _ = load_cs231n_captions(folder, "val", pca_features)
     rest = range(valid_size, len(val))
-    return {"train": train, "valid": val.subset(range(min(valid_size, len(val)))), "test": val.subset(rest)}, vocab
+    return {
+        "train": train,
+        "valid": val.subset(range(min(valid_size, len(val)))),
+        "test": val.subset(rest),
+    }, vocab
 
 
-def folder_splits(image_dir: str | Path, captions: dict[str, str | None],
-                  image_size: int | None = None) -> dict[str, CaptionExamples]:
+def folder_splits(
+    image_dir: str | Path, captions: dict[str, str | None], image_size: int | None = None
+) -> dict[str, CaptionExamples]:
     """A folder of per-image files with a captions TSV per split (split -> TSV; None: no such split),
     read by :func:`load_caption_folder` (``image_size``: resize the images)."""
     return {name: load_caption_folder(tsv, image_dir, image_size)[0] for name, tsv in captions.items() if tsv}
@@ -61,9 +73,14 @@ def photos_folder(corpora: Sequence[CaptionCorpus]) -> tuple[Path, list[str]]:
     return folders.pop(), list(dict.fromkeys(n for c in corpora for n in c.names))
 
 
-def photo_splits(corpora: dict[str, CaptionCorpus], features: ImageFeatures,
-                 memory: str = "regions") -> dict[str, CaptionExamples]:
+def photo_splits(
+    corpora: dict[str, CaptionCorpus], features: ImageFeatures, memory: str = "regions"
+) -> dict[str, CaptionExamples]:
     """Each corpus's photos as their features (``memory``: "regions" or "pooled", see
     :meth:`ImageFeatures.select`), with their captions and photo paths."""
-    return {key: CaptionExamples(features.select(c.names, memory), c.references, [c.image_dir / n for n in c.names])
-            for key, c in corpora.items()}
+    return {
+        key: CaptionExamples(
+            features.select(c.names, memory), c.references, [c.image_dir / n for n in c.names]
+        )
+        for key, c in corpora.items()
+    }

@@ -27,8 +27,16 @@ from torch import Tensor
 
 from scratchformer.data.labelled_texts import open_text
 
-__all__ = ["CaptionExamples", "Vocabulary", "load_caption_folder", "load_cs231n_captions", "load_image",
-           "caption_words", "save_caption_folder", "tokenize_caption"]
+__all__ = [
+    "CaptionExamples",
+    "Vocabulary",
+    "load_caption_folder",
+    "load_cs231n_captions",
+    "load_image",
+    "caption_words",
+    "save_caption_folder",
+    "tokenize_caption",
+]
 
 NULL, START, END, UNK = "<NULL>", "<START>", "<END>", "<UNK>"  # ids 0, 1, 2, 3, as in cs231n
 
@@ -42,8 +50,34 @@ def tokenize_caption(text: str) -> list[str]:
 
 # The punctuation tokens COCO's evaluation removes after tokenising (pycocoevalcap's PTBTokenizer),
 # with the characters that its tokenizer turns into removed tokens (" -> `` or '', ( -> -LRB-, ...).
-PTB_PUNCTUATION = frozenset(["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":",
-                             "-", "--", "...", ";", '"', "(", ")", "[", "]", "{", "}"])
+PTB_PUNCTUATION = frozenset(
+    [
+        "''",
+        "'",
+        "``",
+        "`",
+        "-LRB-",
+        "-RRB-",
+        "-LCB-",
+        "-RCB-",
+        ".",
+        "?",
+        "!",
+        ",",
+        ":",
+        "-",
+        "--",
+        "...",
+        ";",
+        '"',
+        "(",
+        ")",
+        "[",
+        "]",
+        "{",
+        "}",
+    ]
+)
 _WORD = re.compile(r"<unk>|[a-z0-9]+(?:[-'][a-z0-9]+)*|[^\sa-z0-9]")
 
 
@@ -104,8 +138,10 @@ class Vocabulary:
     def build(cls, captions: Iterable[str], min_count: int = 1) -> Vocabulary:
         """Every word seen at least ``min_count`` times, most frequent first (ties: alphabetical)."""
         counts = Counter(w for c in captions for w in tokenize_caption(c))
-        kept = sorted((w for w, n in counts.items() if n >= min_count and w != UNK.lower()),
-                      key=lambda w: (-counts[w], w))
+        kept = sorted(
+            (w for w, n in counts.items() if n >= min_count and w != UNK.lower()),
+            key=lambda w: (-counts[w], w),
+        )
         return cls([NULL, START, END, UNK] + kept)
 
     def __len__(self) -> int:
@@ -145,14 +181,17 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
             try:
                 import h5py
             except ImportError as e:
-                raise ImportError(f"{p}: reading HDF5 needs h5py (pip install 'scratchformer[captioning]')") from e
+                raise ImportError(
+                    f"{p}: reading HDF5 needs h5py (pip install 'scratchformer[captioning]')"
+                ) from e
             with h5py.File(p, "r") as f:
                 return {k: np.asarray(v) for k, v in f.items()}
     raise FileNotFoundError(f"none of {[str(p) for p in candidates]} exists")
 
 
-def load_cs231n_captions(base_dir: str | Path, split: str = "train", pca_features: bool = True,
-                         max_images: int | None = None) -> tuple[CaptionExamples, Vocabulary]:
+def load_cs231n_captions(
+    base_dir: str | Path, split: str = "train", pca_features: bool = True, max_images: int | None = None
+) -> tuple[CaptionExamples, Vocabulary]:
     """cs231n's COCO captioning data (see the module docstring): features (N, D_img) and, per image,
     all its captions as text; with the vocabulary the captions were encoded with."""
     base = Path(base_dir)
@@ -170,7 +209,9 @@ def load_cs231n_captions(base_dir: str | Path, split: str = "train", pca_feature
     references: dict[int, list[str]] = {}
     for ids, image in zip(captions[f"{split}_captions"].tolist(), captions[f"{split}_image_idxs"].tolist()):
         if not 0 <= image < len(features):
-            raise ValueError(f"{split}_image_idxs: image index {image} outside the {len(features)} feature rows")
+            raise ValueError(
+                f"{split}_image_idxs: image index {image} outside the {len(features)} feature rows"
+            )
         references.setdefault(image, []).append(vocab.decode(ids))
     images = sorted(references)[:max_images]
     inputs = torch.from_numpy(np.ascontiguousarray(features[images])).float()
@@ -193,14 +234,19 @@ _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 def _find_file(folder: Path, image_id: str) -> Path:
-    for candidate in [folder / image_id] + [folder / f"{image_id}{s}" for s in _FEATURE_SUFFIXES + _IMAGE_SUFFIXES]:
+    for candidate in [folder / image_id] + [
+        folder / f"{image_id}{s}" for s in _FEATURE_SUFFIXES + _IMAGE_SUFFIXES
+    ]:
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"no file for image id {image_id!r} in {folder} (tried the name, .npy, .png, .jpg)")
+    raise FileNotFoundError(
+        f"no file for image id {image_id!r} in {folder} (tried the name, .npy, .png, .jpg)"
+    )
 
 
-def load_caption_folder(captions_tsv: str | Path, folder: str | Path,
-                        image_size: int | None = None) -> tuple[CaptionExamples, list[str]]:
+def load_caption_folder(
+    captions_tsv: str | Path, folder: str | Path, image_size: int | None = None
+) -> tuple[CaptionExamples, list[str]]:
     """Per-image files in ``folder`` with captions from ``captions_tsv`` (``image_id<TAB>caption``).
 
     Returns the examples (images (N, 3, H, W) uint8, resized to ``image_size`` if given, or
@@ -217,8 +263,10 @@ def load_caption_folder(captions_tsv: str | Path, folder: str | Path,
         image_id, caption = line.split("\t", 1)
         image_id = re.sub(r"#\d+$", "", image_id.strip())  # Flickr8k: 1000268201_693b08cb0e.jpg#0
         if not image_id or Path(image_id).is_absolute() or ".." in Path(image_id).parts or "\\" in image_id:
-            raise ValueError(f"{captions_tsv}:{number}: image id {image_id!r} is not a file name inside the images "
-                             "folder (no absolute paths, no '..')")
+            raise ValueError(
+                f"{captions_tsv}:{number}: image id {image_id!r} is not a file name inside the images "
+                "folder (no absolute paths, no '..')"
+            )
         references.setdefault(image_id, []).append(caption.strip())
     if not references:
         raise ValueError(f"{captions_tsv}: no captions")
@@ -232,8 +280,10 @@ def load_caption_folder(captions_tsv: str | Path, folder: str | Path,
         items = [load_image(p, image_size) for p in files.values()]
     shapes = {tuple(t.shape) for t in items}
     if len(shapes) > 1:
-        raise ValueError(f"{folder}: the files have different shapes {sorted(shapes)[:4]}; "
-                         "pass image_size to resize images, or store features of one shape")
+        raise ValueError(
+            f"{folder}: the files have different shapes {sorted(shapes)[:4]}; "
+            "pass image_size to resize images, or store features of one shape"
+        )
     return CaptionExamples(torch.stack(items), list(references.values())), list(references)
 
 
@@ -243,7 +293,9 @@ def save_caption_folder(examples: CaptionExamples, folder: str | Path, prefix: s
     from PIL import Image
 
     if examples.inputs.dim() != 4 or examples.inputs.dtype != torch.uint8:
-        raise ValueError(f"expected (N, 3, H, W) uint8 images, got {tuple(examples.inputs.shape)} {examples.inputs.dtype}")
+        raise ValueError(
+            f"expected (N, 3, H, W) uint8 images, got {tuple(examples.inputs.shape)} {examples.inputs.dtype}"
+        )
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     lines = []

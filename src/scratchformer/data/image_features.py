@@ -26,8 +26,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["IMAGE_SUFFIXES", "ImageFeatures", "extract_image_features", "list_images", "load_image_features",
-           "load_photo", "save_image_features"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "ImageFeatures",
+    "extract_image_features",
+    "list_images",
+    "load_image_features",
+    "load_photo",
+    "save_image_features",
+]
 
 FORMAT = "scratchformer-image-features/1"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -67,15 +74,20 @@ class ImageFeatures:
 
     def __post_init__(self) -> None:
         if not (len(self.names) == len(self.regions) == len(self.pooled)):
-            raise ValueError(f"{len(self.names)} names, {len(self.regions)} region rows, {len(self.pooled)} pooled rows")
+            raise ValueError(
+                f"{len(self.names)} names, {len(self.regions)} region rows, {len(self.pooled)} pooled rows"
+            )
         self.row = {name: i for i, name in enumerate(self.names)}
 
     def select(self, names: Sequence[str], memory: str = "regions") -> Tensor:
-        """The ``memory`` ("regions" (N, R, D_img) or "pooled" (N, D_img)) rows of ``names``, as stored (float16)."""
+        """The ``memory`` ("regions" (N, R, D_img) or "pooled" (N, D_img)) rows of ``names``, as stored
+        (float16)."""
         missing = [n for n in names if n not in self.row]
         if missing:
-            raise KeyError(f"{len(missing)} of {len(names)} images have no features (first: {missing[:3]}); "
-                           "extract features for them first")
+            raise KeyError(
+                f"{len(missing)} of {len(names)} images have no features (first: {missing[:3]}); "
+                "extract features for them first"
+            )
         if memory not in ("regions", "pooled"):
             raise ValueError(f"memory: expected 'regions' or 'pooled', got {memory!r}")
         source = self.regions if memory == "regions" else self.pooled
@@ -86,9 +98,11 @@ def check_same_encoder(found: dict[str, str], expected: dict[str, str], where: s
     """Refuse features from another encoder, weights or preprocessing than ``expected``."""
     if found != expected:
         diff = sorted(k for k in set(found) | set(expected) if found.get(k) != expected.get(k))
-        raise ValueError(f"{where}: features made by another encoder or preprocessing ({', '.join(diff)} differ: "
-                         f"{ {k: found.get(k) for k in diff} } vs { {k: expected.get(k) for k in diff} }); "
-                         "features from different encoders are never mixed: use another output file")
+        raise ValueError(
+            f"{where}: features made by another encoder or preprocessing ({', '.join(diff)} differ: "
+            f"{ {k: found.get(k) for k in diff} } vs { {k: expected.get(k) for k in diff} }); "
+            "features from different encoders are never mixed: use another output file"
+        )
 
 
 def photo_stamp(path: Path) -> list[int]:
@@ -98,14 +112,19 @@ def photo_stamp(path: Path) -> list[int]:
 
 
 def check_same_photos(found: ImageFeatures, image_dir: str, stamps: dict[str, list[int]], where: str) -> None:
-    """Refuse features of another (resolved) image folder, or of photos (in ``stamps``) changed since they were made."""
+    """Refuse features of another (resolved) image folder, or of photos (in ``stamps``) changed since they
+    were made."""
     if found.image_dir is not None and found.image_dir != image_dir:
-        raise ValueError(f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
-                         "features of different image folders are never mixed: use another output file")
+        raise ValueError(
+            f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
+            "features of different image folders are never mixed: use another output file"
+        )
     changed = [n for n, stamp in stamps.items() if found.stamps.get(n, stamp) != stamp]
     if changed:
-        raise ValueError(f"{where}: {len(changed)} photos changed (size or modification time) since their "
-                         f"features were made (first: {changed[:3]}); delete {where} to extract them again")
+        raise ValueError(
+            f"{where}: {len(changed)} photos changed (size or modification time) since their "
+            f"features were made (first: {changed[:3]}); delete {where} to extract them again"
+        )
 
 
 def load_image_features(path: str | Path) -> ImageFeatures:
@@ -119,8 +138,14 @@ def load_image_features(path: str | Path) -> ImageFeatures:
                 raise ValueError(f"not a scratchformer image-features file (format {meta.get('format')!r})")
             regions, pooled = f.get_tensor("regions"), f.get_tensor("pooled")
         photos = json.loads(meta.get("photos", '{"folder": null, "stamps": {}}'))  # absent in older files
-        return ImageFeatures(json.loads(meta["names"]), regions, pooled, json.loads(meta["description"]),
-                             photos["folder"], photos["stamps"])
+        return ImageFeatures(
+            json.loads(meta["names"]),
+            regions,
+            pooled,
+            json.loads(meta["description"]),
+            photos["folder"],
+            photos["stamps"],
+        )
     except (OSError, SafetensorError, KeyError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path}: cannot read image features ({type(e).__name__}: {e})") from None
 
@@ -134,11 +159,17 @@ def save_image_features(path: str | Path, features: ImageFeatures) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two writers never share a temporary
-    meta = {"format": FORMAT, "names": json.dumps(features.names),
-            "description": json.dumps(features.description),
-            "photos": json.dumps({"folder": features.image_dir, "stamps": features.stamps})}
-    save_file({"regions": features.regions.half().contiguous(), "pooled": features.pooled.half().contiguous()},
-              str(tmp), metadata=meta)
+    meta = {
+        "format": FORMAT,
+        "names": json.dumps(features.names),
+        "description": json.dumps(features.description),
+        "photos": json.dumps({"folder": features.image_dir, "stamps": features.stamps}),
+    }
+    save_file(
+        {"regions": features.regions.half().contiguous(), "pooled": features.pooled.half().contiguous()},
+        str(tmp),
+        metadata=meta,
+    )
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -150,31 +181,45 @@ def list_images(folder: str | Path) -> list[str]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such image folder")
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                  if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    return sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+    )
 
 
-def extract_image_features(folder: str | Path, out: str | Path,
-                           encoder: Callable[[Tensor], tuple[Tensor, Tensor]],
-                           names: Sequence[str] | None = None, batch_size: int = 32, chunk_size: int = 512,
-                           device: str | torch.device = "cpu", progress: bool = True) -> ImageFeatures:
+def extract_image_features(
+    folder: str | Path,
+    out: str | Path,
+    encoder: Callable[[Tensor], tuple[Tensor, Tensor]],
+    names: Sequence[str] | None = None,
+    batch_size: int = 32,
+    chunk_size: int = 512,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> ImageFeatures:
     """Run ``encoder`` (photos (B, 3, H, W) uint8 -> (regions (B, R, D_img), pooled (B, D_img)); it has
-    ``describe()`` and ``image_size``; on ``device``) over ``names`` (default: every image in ``folder``) and write them to ``out``
-    together with the images ``out`` already holds. Returns all of ``out``'s features."""
+    ``describe()`` and ``image_size``; on ``device``) over ``names`` (default: every image in ``folder``)
+    and write them to ``out`` together with the images ``out`` already holds. Returns all of ``out``'s
+    features."""
     from tqdm import tqdm
 
     folder, out = Path(folder), Path(out)
     description = dict(encoder.describe())  # type: ignore[attr-defined]
     names = list_images(folder) if names is None else list(dict.fromkeys(names))
     if not names:
-        raise ValueError(f"{folder}: no images to extract features from (suffixes {', '.join(IMAGE_SUFFIXES)})")
+        raise ValueError(
+            f"{folder}: no images to extract features from (suffixes {', '.join(IMAGE_SUFFIXES)})"
+        )
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise FileNotFoundError(f"{len(missing)} images not found in {folder} (first: {missing[:3]})")
     stamps, image_dir = {n: photo_stamp(folder / n) for n in names}, str(folder.resolve())
     parts_dir = out.with_name(out.name + ".parts")
     done: list[ImageFeatures] = []
-    earlier = ([out] if out.exists() else []) + (sorted(parts_dir.glob("*.safetensors")) if parts_dir.is_dir() else [])
+    earlier = ([out] if out.exists() else []) + (
+        sorted(parts_dir.glob("*.safetensors")) if parts_dir.is_dir() else []
+    )
     for path in earlier:  # the file, then a killed run's chunks: made as this run would make them, or refused
         done.append(load_image_features(path))
         check_same_encoder(done[-1].description, description, str(path))
@@ -186,16 +231,29 @@ def extract_image_features(folder: str | Path, out: str | Path,
             chunk = todo[start : start + chunk_size]
             regions, pooled = [], []
             for b in range(0, len(chunk), batch_size):
-                photos = torch.stack([load_photo(folder / n, encoder.image_size)  # type: ignore[attr-defined]
-                                      for n in chunk[b : b + batch_size]])
+                photos = torch.stack(
+                    [
+                        load_photo(folder / n, encoder.image_size)  # type: ignore[attr-defined]
+                        for n in chunk[b : b + batch_size]
+                    ]
+                )
                 r, p = encoder(photos.to(device))
                 regions.append(r.half().cpu())
                 pooled.append(p.half().cpu())
                 bar.update(len(photos))
-            part = ImageFeatures(chunk, torch.cat(regions), torch.cat(pooled), description, image_dir,
-                                 {n: stamps[n] for n in chunk})
+            part = ImageFeatures(
+                chunk,
+                torch.cat(regions),
+                torch.cat(pooled),
+                description,
+                image_dir,
+                {n: stamps[n] for n in chunk},
+            )
             parts_dir.mkdir(parents=True, exist_ok=True)
-            number = max((int(p.stem) for p in parts_dir.glob("*.safetensors") if p.stem.isdigit()), default=-1) + 1
+            number = (
+                max((int(p.stem) for p in parts_dir.glob("*.safetensors") if p.stem.isdigit()), default=-1)
+                + 1
+            )
             save_image_features(parts_dir / f"{number:05d}.safetensors", part)
             done.append(part)
     if todo or len(done) > 1 or not out.exists():
@@ -204,9 +262,14 @@ def extract_image_features(folder: str | Path, out: str | Path,
             for i, n in enumerate(f.names):
                 rows.setdefault(n, (f, i))
         order = sorted(rows)
-        merged = ImageFeatures(order, torch.stack([rows[n][0].regions[rows[n][1]] for n in order]),
-                               torch.stack([rows[n][0].pooled[rows[n][1]] for n in order]), description,
-                               image_dir, {n: rows[n][0].stamps[n] for n in order if n in rows[n][0].stamps})
+        merged = ImageFeatures(
+            order,
+            torch.stack([rows[n][0].regions[rows[n][1]] for n in order]),
+            torch.stack([rows[n][0].pooled[rows[n][1]] for n in order]),
+            description,
+            image_dir,
+            {n: rows[n][0].stamps[n] for n in order if n in rows[n][0].stamps},
+        )
         save_image_features(out, merged)
         if parts_dir.is_dir():
             shutil.rmtree(parts_dir)

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_DATA_DIR", "LabelledTexts", "default_data_dir", "load_hf_dataset", "load_labelled_texts", "load_texts", "open_text"]
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "LabelledTexts",
+    "default_data_dir",
+    "load_hf_dataset",
+    "load_labelled_texts",
+    "load_texts",
+    "open_text",
+]
 
 
 DEFAULT_DATA_DIR = "../shared/data"  # the shared data directory, from the repository root: what ``{data}``
@@ -43,7 +51,9 @@ class LabelledTexts:
         return len(self.texts)
 
     def subset(self, indices: Sequence[int]) -> LabelledTexts:
-        return LabelledTexts([self.texts[i] for i in indices], [self.labels[i] for i in indices], self.label_names)
+        return LabelledTexts(
+            [self.texts[i] for i in indices], [self.labels[i] for i in indices], self.label_names
+        )
 
 
 class _NamedUTF8(io.TextIOWrapper):
@@ -54,7 +64,9 @@ class _NamedUTF8(io.TextIOWrapper):
         self.path = path
 
     def _named(self, e: UnicodeDecodeError) -> ValueError:
-        return ValueError(f"{self.path}: not UTF-8 text past its first 64 KiB ({e.reason}: {e.object[e.start:e.end]!r})")
+        return ValueError(
+            f"{self.path}: not UTF-8 text past its first 64 KiB ({e.reason}: {e.object[e.start : e.end]!r})"
+        )
 
     def __next__(self) -> str:
         try:
@@ -84,7 +96,7 @@ def open_text(path: str | Path) -> io.TextIOBase:
         raise FileNotFoundError(f"data file not found: {path}")
     gz = path.suffix == ".gz"
     try:
-        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if gz else open(path, "rb") as f:
             head = f.read(1 << 16)
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"{path}: cannot be read as {'gzip' if gz else 'a file'} ({e})") from None
@@ -105,7 +117,11 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any] | None,
             rows = csv.DictReader(f)
             for row in rows:  # a row the header does not fit is malformed, not cut or padded silently
                 if None in row:
-                    yield rows.line_num, None, f"more fields than the header's {len(row) - 1} (an unquoted comma?)"
+                    yield (
+                        rows.line_num,
+                        None,
+                        f"more fields than the header's {len(row) - 1} (an unquoted comma?)",
+                    )
                 elif None in row.values():
                     yield rows.line_num, None, f"fewer fields than the header's {len(row)}"
                 else:
@@ -175,7 +191,9 @@ def load_labelled_texts(
             problem(number, error, "malformed")
             continue
         if text_field not in record or label_field not in record:
-            problem(number, f"missing field {text_field!r} or {label_field!r} (has {sorted(record)})", "malformed")
+            problem(
+                number, f"missing field {text_field!r} or {label_field!r} (has {sorted(record)})", "malformed"
+            )
             continue
         text = record[text_field]
         if not isinstance(text, str):
@@ -221,8 +239,9 @@ def load_texts(path: str | Path, text_field: str = "text") -> list[str]:
     return texts
 
 
-def _assign_labels(rows: list[tuple[int, str, int | str]], label_names: Sequence[str] | None,
-                   problem: Any) -> tuple[list[str], list[int], list[str]]:
+def _assign_labels(
+    rows: list[tuple[int, str, int | str]], label_names: Sequence[str] | None, problem: Any
+) -> tuple[list[str], list[int], list[str]]:
     """(texts, class indices, class names) from (row number, text, raw label) rows: integer labels
     index the classes (default 0..max, in numeric order), string labels must be among them
     (default: the sorted distinct strings); a label outside is ``problem(number, message, kind)``."""
@@ -239,7 +258,9 @@ def _assign_labels(rows: list[tuple[int, str, int | str]], label_names: Sequence
     for number, text, label in rows:
         if isinstance(label, int):
             if not 0 <= label < len(names):
-                problem(number, f"label {label} is outside the classes [0, {len(names)}) {names}", "bad label")
+                problem(
+                    number, f"label {label} is outside the classes [0, {len(names)}) {names}", "bad label"
+                )
                 continue
             labels.append(label)
         elif label in index:
@@ -251,7 +272,9 @@ def _assign_labels(rows: list[tuple[int, str, int | str]], label_names: Sequence
     return texts, labels, names
 
 
-def load_hf_dataset(name: str, split: str, text_field: str = "text", label_field: str = "label") -> LabelledTexts:
+def load_hf_dataset(
+    name: str, split: str, text_field: str = "text", label_field: str = "label"
+) -> LabelledTexts:
     """A Hugging Face ``datasets`` split (needs ``pip install datasets`` and network or a cache).
     Labels are handled as :func:`load_labelled_texts` handles them: a ClassLabel's names, integer
     labels in numeric order, string labels sorted; a label outside the classes is an error."""
@@ -270,5 +293,7 @@ def load_hf_dataset(name: str, split: str, text_field: str = "text", label_field
             rows.append((number, text, _normalise_label(label)))
         except ValueError as e:
             problem(number, str(e), "bad label")
-    texts, labels, names = _assign_labels(rows, list(feature.names) if hasattr(feature, "names") else None, problem)
+    texts, labels, names = _assign_labels(
+        rows, list(feature.names) if hasattr(feature, "names") else None, problem
+    )
     return LabelledTexts(texts, labels, names)

@@ -33,7 +33,9 @@ class PieceEncoding:
 class MarianTokenizer:
     """source.spm / target.spm + vocab.json (and target_vocab.json when the vocabularies are separate)."""
 
-    def __init__(self, directory: str | Path, unk_token: str = "<unk>", specials: Sequence[str] = ("<pad>", "</s>")):
+    def __init__(
+        self, directory: str | Path, unk_token: str = "<unk>", specials: Sequence[str] = ("<pad>", "</s>")
+    ):
         try:
             import sentencepiece
         except ImportError:
@@ -52,7 +54,11 @@ class MarianTokenizer:
             raise ValueError(f"{paths['vocab.json']}: no {unk_token!r} entry")
         self.unk_id = self.vocab[unk_token]
         self.special_ids = {self.target_vocab[t] for t in (unk_token, *specials) if t in self.target_vocab}
-        settings = [directory / n for n in ("tokenizer_config.json", "special_tokens_map.json") if (directory / n).is_file()]
+        settings = [
+            directory / n
+            for n in ("tokenizer_config.json", "special_tokens_map.json")
+            if (directory / n).is_file()
+        ]
         self.files = [*paths.values(), *([target_vocab] if self.separate_vocabs else []), *settings]
         self.source = sentencepiece.SentencePieceProcessor(model_file=str(paths["source.spm"]))
         self.target = sentencepiece.SentencePieceProcessor(model_file=str(paths["target.spm"]))
@@ -99,6 +105,7 @@ class MarianTokenizer:
                 continue
             run.append(self.id_to_piece.get(i) or spm.id_to_piece(i))
         return (text + spm.decode_pieces(run)).replace("▁", " ").strip()
+
 
 def _read_vocab(path: Path) -> dict[str, int]:
     try:

@@ -33,9 +33,16 @@ def continuation_table(vocabulary: dict[str, int], prefix: str = "##") -> Tensor
 
 def check_masking(rate: float, mask_fraction: float, random_fraction: float) -> None:
     """``rate`` in (0, 1); the [MASK] and random shares >= 0 and together at most 1."""
-    if not (0.0 < rate < 1.0 and mask_fraction >= 0 and random_fraction >= 0 and mask_fraction + random_fraction <= 1):
-        raise ValueError(f"mask_rate must be in (0, 1) and mask_fraction + random_fraction <= 1 (both >= 0), got "
-                         f"{rate}, {mask_fraction}, {random_fraction}")
+    if not (
+        0.0 < rate < 1.0
+        and mask_fraction >= 0
+        and random_fraction >= 0
+        and mask_fraction + random_fraction <= 1
+    ):
+        raise ValueError(
+            f"mask_rate must be in (0, 1) and mask_fraction + random_fraction <= 1 (both >= 0), got "
+            f"{rate}, {mask_fraction}, {random_fraction}"
+        )
 
 
 def mask_tokens(
@@ -68,7 +75,10 @@ def mask_tokens(
         :data:`IGNORE` elsewhere.
     """
     if ids.shape != maskable.shape or (continuation is not None and continuation.shape != ids.shape):
-        raise ValueError(f"ids {tuple(ids.shape)}, maskable {tuple(maskable.shape)} and continuation must have one shape (B, L)")
+        raise ValueError(
+            f"ids {tuple(ids.shape)}, maskable {tuple(maskable.shape)} "
+            "and continuation must have one shape (B, L)"
+        )
     check_masking(rate, mask_fraction, random_fraction)
     if replacements.numel() == 0:
         raise ValueError("replacements: no ordinary token ids to draw random replacements from")

@@ -25,7 +25,9 @@ class ParallelTexts:
         return len(self.sources)
 
 
-def load_parallel_texts(source_path: str | Path, target_path: str | Path, limit: int | None = None) -> ParallelTexts:
+def load_parallel_texts(
+    source_path: str | Path, target_path: str | Path, limit: int | None = None
+) -> ParallelTexts:
     """Read two aligned files; drop (and count) pairs where either side is empty."""
     with open_text(source_path) as f:
         sources = [line.strip() for line in f]

@@ -28,8 +28,17 @@ import torch
 
 from scratchformer.data.captions import CaptionExamples
 
-__all__ = ["COLOURS", "SHAPES", "SIZES", "Shape", "held_out_pairs", "render_scene", "sample_scene",
-           "scene_captions", "shape_scene_splits"]
+__all__ = [
+    "COLOURS",
+    "SHAPES",
+    "SIZES",
+    "Shape",
+    "held_out_pairs",
+    "render_scene",
+    "sample_scene",
+    "scene_captions",
+    "shape_scene_splits",
+]
 
 COLOURS = {
     "red": (215, 40, 40),
@@ -68,8 +77,11 @@ def held_out_pairs(seed: int) -> set[tuple[str, str]]:
     return set(zip(colours, SHAPES))
 
 
-def sample_scene(rng: random.Random, allowed: set[tuple[str, str]] | None = None,
-                 required: set[tuple[str, str]] | None = None) -> Scene:
+def sample_scene(
+    rng: random.Random,
+    allowed: set[tuple[str, str]] | None = None,
+    required: set[tuple[str, str]] | None = None,
+) -> Scene:
     """A random scene whose (colour, shape) pairs all lie in ``allowed`` (None: any); with
     ``required``, one random object is drawn from those pairs instead."""
     pairs = [(c, s) for c in COLOURS for s in SHAPES if allowed is None or (c, s) in allowed]
@@ -93,7 +105,11 @@ def sample_scene(rng: random.Random, allowed: set[tuple[str, str]] | None = None
         centres = [(jitter(x, 3), jitter(17, 5)), (jitter(x, 3), jitter(47, 5))]
     else:
         y = jitter(32, 14)
-        centres = [(jitter(11, 1), jitter(y, 3)), (jitter(32, 1), jitter(y, 3)), (jitter(53, 1), jitter(y, 3))]
+        centres = [
+            (jitter(11, 1), jitter(y, 3)),
+            (jitter(32, 1), jitter(y, 3)),
+            (jitter(53, 1), jitter(y, 3)),
+        ]
     shapes = tuple(Shape(c, s, z, x, y) for (c, s), z, (x, y) in zip(chosen, sizes, centres))
     return Scene(shapes, layout)
 
@@ -104,15 +120,25 @@ def scene_captions(scene: Scene) -> list[str]:
     if scene.layout == "single":
         return [f"a {o[0]}", f"there is a {o[0]}", f"a single {o[0]}", f"one {o[0]} on its own"]
     if scene.layout == "horizontal":
-        return [f"a {o[0]} to the left of a {o[1]}", f"a {o[1]} to the right of a {o[0]}",
-                f"a {o[0]} with a {o[1]} on its right", f"a {o[1]} with a {o[0]} on its left"]
+        return [
+            f"a {o[0]} to the left of a {o[1]}",
+            f"a {o[1]} to the right of a {o[0]}",
+            f"a {o[0]} with a {o[1]} on its right",
+            f"a {o[1]} with a {o[0]} on its left",
+        ]
     if scene.layout == "vertical":
-        return [f"a {o[0]} above a {o[1]}", f"a {o[1]} below a {o[0]}",
-                f"a {o[0]} on top of a {o[1]}", f"a {o[1]} under a {o[0]}"]
-    return [f"a {o[0]} , a {o[1]} and a {o[2]} from left to right",
-            f"from left to right : a {o[0]} , a {o[1]} and a {o[2]}",
-            f"a {o[2]} , a {o[1]} and a {o[0]} from right to left",
-            f"a {o[1]} between a {o[0]} on the left and a {o[2]} on the right"]
+        return [
+            f"a {o[0]} above a {o[1]}",
+            f"a {o[1]} below a {o[0]}",
+            f"a {o[0]} on top of a {o[1]}",
+            f"a {o[1]} under a {o[0]}",
+        ]
+    return [
+        f"a {o[0]} , a {o[1]} and a {o[2]} from left to right",
+        f"from left to right : a {o[0]} , a {o[1]} and a {o[2]}",
+        f"a {o[2]} , a {o[1]} and a {o[0]} from right to left",
+        f"a {o[1]} between a {o[0]} on the left and a {o[2]} on the right",
+    ]
 
 
 _YY, _XX = np.mgrid[0:IMAGE_SIZE, 0:IMAGE_SIZE]
@@ -134,21 +160,27 @@ def render_scene(scene: Scene, rng: random.Random) -> np.ndarray:
     background = np.array([rng.randint(225, 250) for _ in range(3)], dtype=np.float32)
     image = np.broadcast_to(background[:, None, None], (3, IMAGE_SIZE, IMAGE_SIZE)).copy()
     for shape in scene.shapes:
-        colour = np.array([min(255, max(0, v + rng.randint(-20, 20))) for v in COLOURS[shape.colour]], np.float32)
+        colour = np.array(
+            [min(255, max(0, v + rng.randint(-20, 20))) for v in COLOURS[shape.colour]], np.float32
+        )
         image[:, _mask(shape)] = colour[:, None]
     noise = np.random.default_rng(rng.getrandbits(32)).normal(0.0, 4.0, image.shape)
     return np.clip(image + noise, 0, 255).astype(np.uint8)
 
 
-def _examples(n: int, rng: random.Random, allowed: set[tuple[str, str]] | None,
-              required: set[tuple[str, str]] | None) -> CaptionExamples:
+def _examples(
+    n: int, rng: random.Random, allowed: set[tuple[str, str]] | None, required: set[tuple[str, str]] | None
+) -> CaptionExamples:
     scenes = [sample_scene(rng, allowed, required) for _ in range(n)]
-    images = np.stack([render_scene(s, rng) for s in scenes]) if scenes else np.zeros((0, 3, 64, 64), np.uint8)
+    images = (
+        np.stack([render_scene(s, rng) for s in scenes]) if scenes else np.zeros((0, 3, 64, 64), np.uint8)
+    )
     return CaptionExamples(torch.from_numpy(images), [scene_captions(s) for s in scenes])
 
 
-def shape_scene_splits(seed: int = 0, train_size: int = 20000, valid_size: int = 500,
-                       test_size: int = 1000) -> dict[str, CaptionExamples]:
+def shape_scene_splits(
+    seed: int = 0, train_size: int = 20000, valid_size: int = 500, test_size: int = 1000
+) -> dict[str, CaptionExamples]:
     """The four splits, deterministic given the arguments. Held-out pairs: :func:`held_out_pairs`.
 
     Args:

@@ -17,8 +17,17 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torch import Tensor
 
-__all__ = ["BPE_SPECIAL_TOKENS", "SPECIAL_TOKENS", "TRUNCATIONS", "TextTokenizer", "TokenBatch", "read_tokenizer",
-           "save_hf_tokenizer", "train_bpe", "train_wordpiece"]
+__all__ = [
+    "BPE_SPECIAL_TOKENS",
+    "SPECIAL_TOKENS",
+    "TRUNCATIONS",
+    "TextTokenizer",
+    "TokenBatch",
+    "read_tokenizer",
+    "save_hf_tokenizer",
+    "train_bpe",
+    "train_wordpiece",
+]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BPE_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3: pad, BOS, EOS, unknown
@@ -90,14 +99,20 @@ class TextTokenizer:
             tokenizer.no_truncation()
 
     @classmethod
-    def from_file(cls, path: str | Path, max_length: int, pad_token: str | None = None, **kwargs) -> TextTokenizer:
+    def from_file(
+        cls, path: str | Path, max_length: int, pad_token: str | None = None, **kwargs
+    ) -> TextTokenizer:
         """Load a ``tokenizer.json`` (keyword arguments as the constructor's)."""
         return cls(read_tokenizer(path), max_length, pad_token, **kwargs)
 
     def settings(self) -> dict[str, object]:
         """What to store beside tokenizer.json to rebuild this wrapper."""
-        return {"max_length": self.max_length, "pad_token": self.pad_token,
-                "truncation": self.truncation, "head_length": self.head_length}
+        return {
+            "max_length": self.max_length,
+            "pad_token": self.pad_token,
+            "truncation": self.truncation,
+            "head_length": self.head_length,
+        }
 
     def save(self, path: str | Path) -> None:
         self.tokenizer.save(str(path))
@@ -207,10 +222,18 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, max_length: int, eo
     if eos is not None:
         eos_token = tokenizer.id_to_token(eos)
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"$A {eos_token}", pair=f"$A $B {eos_token}", special_tokens=[(eos_token, eos)])
+            single=f"$A {eos_token}", pair=f"$A $B {eos_token}", special_tokens=[(eos_token, eos)]
+        )
     tokenizer.save(str(directory / "tokenizer.json"))
-    names = {"pad_token": ("[PAD]", "<pad>"), "unk_token": ("[UNK]", "<unk>"), "cls_token": ("[CLS]",),
-             "sep_token": ("[SEP]",), "mask_token": ("[MASK]",), "bos_token": ("<s>",), "eos_token": ("</s>",)}
+    names = {
+        "pad_token": ("[PAD]", "<pad>"),
+        "unk_token": ("[UNK]", "<unk>"),
+        "cls_token": ("[CLS]",),
+        "sep_token": ("[SEP]",),
+        "mask_token": ("[MASK]",),
+        "bos_token": ("<s>",),
+        "eos_token": ("</s>",),
+    }
     config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
     for key, candidates in names.items():
         found = next((t for t in candidates if tokenizer.token_to_id(t) is not None), None)

@@ -31,12 +31,23 @@ from scratchformer.fast.feedforward import FastFeedForward
 from scratchformer.fast.layer_norm import FastLayerNorm
 from scratchformer.fast.packing import Packing
 
-__all__ = ["FastEncoder", "FastEncoderLayer", "FastFeedForward", "FastLayerNorm", "FastMultiHeadAttention", "Packing",
-           "StackMask", "optimize"]
+__all__ = [
+    "FastEncoder",
+    "FastEncoderLayer",
+    "FastFeedForward",
+    "FastLayerNorm",
+    "FastMultiHeadAttention",
+    "Packing",
+    "StackMask",
+    "optimize",
+]
 
 _FAST: dict[type[nn.Module], type[nn.Module]] = {
-    LayerNorm: FastLayerNorm, PositionwiseFeedForward: FastFeedForward, Encoder: FastEncoder,
-    EncoderLayer: FastEncoderLayer, MultiHeadAttention: FastMultiHeadAttention,
+    LayerNorm: FastLayerNorm,
+    PositionwiseFeedForward: FastFeedForward,
+    Encoder: FastEncoder,
+    EncoderLayer: FastEncoderLayer,
+    MultiHeadAttention: FastMultiHeadAttention,
 }
 
 

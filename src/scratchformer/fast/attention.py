@@ -19,7 +19,13 @@ from scratchformer.core.attention import _HALF, MultiHeadAttention, scaled_dot_p
 from scratchformer.core.masks import expand_attention_mask
 from scratchformer.fast.packing import Packing
 
-__all__ = ["FastMultiHeadAttention", "StackMask", "packed_self_attention", "padded_self_attention", "self_attention"]
+__all__ = [
+    "FastMultiHeadAttention",
+    "StackMask",
+    "packed_self_attention",
+    "padded_self_attention",
+    "self_attention",
+]
 
 
 @dataclass
@@ -36,8 +42,9 @@ class StackMask:
     no_key: Tensor | None
 
     @classmethod
-    def build(cls, key_padding_mask: Tensor | None, attn_mask: Tensor | None, batch: int, heads: int,
-              T: int, S: int) -> StackMask:
+    def build(
+        cls, key_padding_mask: Tensor | None, attn_mask: Tensor | None, batch: int, heads: int, T: int, S: int
+    ) -> StackMask:
         """From the masks of :meth:`MultiHeadAttention.forward` (checked here, as there)."""
         mask = expand_attention_mask(key_padding_mask, attn_mask, batch, heads, T, S)
         if mask is None:
@@ -48,8 +55,9 @@ class StackMask:
 
 def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """The fused kernel on (B, H, L, d_k) heads, with the layer's scale and dropout."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn.dropout if attn.training else 0.0,
-                                          scale=attn.scale)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=attn.dropout if attn.training else 0.0, scale=attn.scale
+    )
 
 
 def _heads_attention(attn: MultiHeadAttention, qkv: Tensor, stack_mask: StackMask) -> Tensor:
@@ -67,7 +75,9 @@ def self_attention(attn: MultiHeadAttention, x: Tensor, stack_mask: StackMask) -
     return attn.out_proj(_heads_attention(attn, attn.qkv_proj(x), stack_mask))
 
 
-def padded_self_attention(attn: MultiHeadAttention, x: Tensor, packing: Packing, stack_mask: StackMask) -> Tensor:
+def padded_self_attention(
+    attn: MultiHeadAttention, x: Tensor, packing: Packing, stack_mask: StackMask
+) -> Tensor:
     """Self-attention of packed tokens x (N, D) on the unpacked (B, T) grid under a prepared mask:
     the projections on the N tokens, the attention itself padded (N, D)."""
     return attn.out_proj(packing.pack(_heads_attention(attn, packing.unpack(attn.qkv_proj(x)), stack_mask)))
@@ -77,7 +87,9 @@ def packed_self_attention(attn: MultiHeadAttention, x: Tensor, lengths: list[int
     """Self-attention of packed tokens x (N, D), sequence after sequence (``lengths``, summing to
     N), each attending to its own tokens only: (N, D). No padding is computed or masked."""
     qkv, no_mask = attn.qkv_proj(x), StackMask(None, None)  # (N, 3D)
-    outs = [_heads_attention(attn, part[None], no_mask)[0] for part in qkv.split(lengths) if len(part)]  # (n, D) each
+    outs = [
+        _heads_attention(attn, part[None], no_mask)[0] for part in qkv.split(lengths) if len(part)
+    ]  # (n, D) each
     out = torch.cat(outs) if len(outs) > 1 else outs[0] if outs else qkv.new_zeros(0, attn.d_model)
     return attn.out_proj(out)
 
@@ -88,10 +100,23 @@ class FastMultiHeadAttention(MultiHeadAttention):
     CPU kernel takes 1.6-2.3x as long there at 24-64 keys (``scripts/fast_path_micro.py``), and
     fp32 scores are also more exact."""
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        if q.shape[-2] == 1 and q.dtype in _HALF and q.device.type == "cpu" and not (self.training and self.dropout):
-            out, weights = scaled_dot_product_attention(q.float(), k.float(), v.float(), mask, is_causal=is_causal,
-                                                        need_weights=True, scale=self.scale)
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        if (
+            q.shape[-2] == 1
+            and q.dtype in _HALF
+            and q.device.type == "cpu"
+            and not (self.training and self.dropout)
+        ):
+            out, weights = scaled_dot_product_attention(
+                q.float(),
+                k.float(),
+                v.float(),
+                mask,
+                is_causal=is_causal,
+                need_weights=True,
+                scale=self.scale,
+            )
             return out.to(q.dtype), weights.to(q.dtype) if need_weights and weights is not None else None
         return super()._attend(q, k, v, mask, is_causal, need_weights)

@@ -22,7 +22,12 @@ from torch import Tensor
 from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.core.checks import check_features
 from scratchformer.core.encoder import Encoder, EncoderLayer
-from scratchformer.fast.attention import StackMask, packed_self_attention, padded_self_attention, self_attention
+from scratchformer.fast.attention import (
+    StackMask,
+    packed_self_attention,
+    padded_self_attention,
+    self_attention,
+)
 from scratchformer.fast.feedforward import dropout
 from scratchformer.fast.packing import Packing
 
@@ -40,7 +45,9 @@ class FastEncoderLayer(EncoderLayer):
     """:class:`EncoderLayer` (same parameters) with residuals in place; in a :class:`FastEncoder`
     it takes the stack's prepared mask."""
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         """As :meth:`EncoderLayer.forward`."""
         if _watched(self):
             return super().forward(x, key_padding_mask, attn_mask)
@@ -52,6 +59,7 @@ class FastEncoderLayer(EncoderLayer):
     def sublayers(self, x: Tensor, attention: Attention) -> Tensor:
         """The two residual sub-layers around ``attention`` (post-LN, or pre-LN with norm_first);
         x may be (B, T, D) or packed (N, D)."""
+
         def ff_block(y: Tensor) -> Tensor:
             return dropout(self.dropout2, self.feed_forward(y))
 
@@ -69,8 +77,13 @@ class FastEncoder(Encoder):
 
     skip_padding: bool = False
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
-                output_hidden_states: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """As :meth:`Encoder.forward`; with ``skip_padding`` the output is zero at padded positions."""
         if _all_real(key_padding_mask, x):
             key_padding_mask = None  # no padding at all: attention may run its unmasked kernel
@@ -80,10 +93,18 @@ class FastEncoder(Encoder):
         check_features("x", x, "(B, S, D)", first.d_model if first is not None else None)
         B, T = x.shape[:2]
         heads = first.num_heads if first is not None else 1
-        packing = Packing.from_mask(key_padding_mask) if self.skip_padding and key_padding_mask is not None else None
+        packing = (
+            Packing.from_mask(key_padding_mask)
+            if self.skip_padding and key_padding_mask is not None
+            else None
+        )
         # each sequence on its own real tokens, no mask at all (on CPU; on a GPU one masked call is cheaper)
         per_sequence = packing is not None and attn_mask is None and x.device.type == "cpu"
-        mask = StackMask(None, None) if per_sequence else StackMask.build(key_padding_mask, attn_mask, B, heads, T, T)
+        mask = (
+            StackMask(None, None)
+            if per_sequence
+            else StackMask.build(key_padding_mask, attn_mask, B, heads, T, T)
+        )
         attention: Attention
         unpack: Callable[[Tensor], Tensor]
         if packing is None:
@@ -112,6 +133,12 @@ def _watched(layer: EncoderLayer) -> bool:
 def _all_real(key_padding_mask: Tensor | None, x: Tensor) -> bool:
     """Whether a well-formed (B, S) bool padding mask marks every position real (read on the host,
     so on CPU only: on a GPU it would wait for the device)."""
-    return (key_padding_mask is not None and key_padding_mask.dtype == torch.bool and x.device.type == "cpu"
-            and key_padding_mask.device.type == "cpu" and tuple(key_padding_mask.shape) == tuple(x.shape[:2])
-            and not torch.compiler.is_compiling() and bool(key_padding_mask.all()))
+    return (
+        key_padding_mask is not None
+        and key_padding_mask.dtype == torch.bool
+        and x.device.type == "cpu"
+        and key_padding_mask.device.type == "cpu"
+        and tuple(key_padding_mask.shape) == tuple(x.shape[:2])
+        and not torch.compiler.is_compiling()
+        and bool(key_padding_mask.all())
+    )

@@ -30,7 +30,11 @@ class FastLayerNorm(LayerNorm):
         """x (..., D) -> (..., D), in x's dtype (also under autocast, as the core module)."""
         check_features("x", x, "(..., D)", self.weight.shape[0], dims=None)
         weight, bias, shape = self.weight, self.bias, self.weight.shape
-        if weight.dtype == x.dtype or (x.dtype in _HALF and weight.dtype == torch.float32 and x.device.type == "cpu"):
-            return F.layer_norm(x, shape, weight, bias, self.eps).to(x.dtype)  # (CPU's kernel takes fp32 gamma, beta)
+        if weight.dtype == x.dtype or (
+            x.dtype in _HALF and weight.dtype == torch.float32 and x.device.type == "cpu"
+        ):
+            return F.layer_norm(x, shape, weight, bias, self.eps).to(
+                x.dtype
+            )  # (CPU's kernel takes fp32 gamma, beta)
         h = torch.float32 if x.dtype in _HALF else x.dtype  # the core module's compute dtype
         return F.layer_norm(x.to(h), shape, weight.to(h), bias.to(h), self.eps).to(x.dtype)

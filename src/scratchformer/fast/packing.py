@@ -60,7 +60,8 @@ class Packing:
         """``(B, T, *F) -> (N, *F)``: the real tokens, in order."""
         if tuple(x.shape[:2]) != tuple(self.key_padding_mask.shape):
             raise ValueError(
-                f"x: expected shape (B, T, ...) with (B, T)={tuple(self.key_padding_mask.shape)}, got {tuple(x.shape)}"
+                f"x: expected shape (B, T, ...) with (B, T)={tuple(self.key_padding_mask.shape)}, "
+                f"got {tuple(x.shape)}"
             )
         return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
 

@@ -11,5 +11,18 @@ from scratchformer.generation.rules import StepRules
 from scratchformer.generation.sampling import sample_decode
 from scratchformer.generation.stepwise import warp
 
-__all__ = ["DecoderCache", "DecoderLayerCache", "EncoderDecoder", "GenerationConfig", "Hypothesis", "KVCache",
-           "StepRules", "beam_search", "generate", "greedy_decode", "max_decode_length", "sample_decode", "warp"]
+__all__ = [
+    "DecoderCache",
+    "DecoderLayerCache",
+    "EncoderDecoder",
+    "GenerationConfig",
+    "Hypothesis",
+    "KVCache",
+    "StepRules",
+    "beam_search",
+    "generate",
+    "greedy_decode",
+    "max_decode_length",
+    "sample_decode",
+    "warp",
+]

@@ -66,8 +66,14 @@ def beam_search(
         raise ValueError(f"need 1 <= n_best <= beam_size, got n_best={n_best}, beam_size={beam_size}")
     memory, src_padding_mask, cache = start_decoding(model, src, bos_id, eos_id, src_padding_mask)
     if rules is None:
-        rules = StepRules.plain(bos_id, eos_id, model.config.pad_id, src.shape[0],
-                                max_decode_length(model, src.shape[1], max_len_a, max_len_b), src.device)
+        rules = StepRules.plain(
+            bos_id,
+            eos_id,
+            model.config.pad_id,
+            src.shape[0],
+            max_decode_length(model, src.shape[1], max_len_a, max_len_b),
+            src.device,
+        )
     B, k, device = src.shape[0], beam_size, src.device
     rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,) the sentence of each beam
     memory = memory[rows]
@@ -84,8 +90,9 @@ def beam_search(
         model_log_probs = torch.log_softmax(logits, dim=-1)
         log_probs = rules(model_log_probs, tokens, step, rows)  # (B*k, V)
         ranked = _best_extensions(scores, log_prob, log_probs, model_log_probs, k)
-        keep_beam, keep_token, new_scores, new_log_prob = _next_beams(ranked, tokens, finished, done, eos_id,
-                                                                      length_penalty, step)
+        keep_beam, keep_token, new_scores, new_log_prob = _next_beams(
+            ranked, tokens, finished, done, eos_id, length_penalty, step
+        )
         if all(done):
             break
         index = (torch.arange(B)[:, None] * k + keep_beam).view(-1).to(device)
@@ -95,11 +102,14 @@ def beam_search(
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
 
 
-Extension = tuple[float, int, int, float]  # (score, beam, token, the model's log-probability) of a beam + a token
+Extension = tuple[
+    float, int, int, float
+]  # (score, beam, token, the model's log-probability) of a beam + a token
 
 
-def _best_extensions(scores: Tensor, log_prob: Tensor, log_probs: Tensor, model_log_probs: Tensor,
-                     k: int) -> list[list[Extension]]:
+def _best_extensions(
+    scores: Tensor, log_prob: Tensor, log_probs: Tensor, model_log_probs: Tensor, k: int
+) -> list[list[Extension]]:
     """The 2k best extensions of each sentence's k beams, best first: ``scores`` (B, k) of the beams
     plus the rules' ``log_probs`` (B*k, V) of each next token rank them; ``log_prob`` (B*k,) plus
     ``model_log_probs`` (B*k, V) is what the model gives them (reported)."""
@@ -111,8 +121,15 @@ def _best_extensions(scores: Tensor, log_prob: Tensor, log_probs: Tensor, model_
     return [list(zip(*row)) for row in zip(top_scores, top_beam, top_token, top_log_probs)]
 
 
-def _next_beams(ranked: list[list[Extension]], tokens: Tensor, finished: list[list[Hypothesis]], done: list[bool],
-                eos_id: int, length_penalty: float, step: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _next_beams(
+    ranked: list[list[Extension]],
+    tokens: Tensor,
+    finished: list[list[Hypothesis]],
+    done: list[bool],
+    eos_id: int,
+    length_penalty: float,
+    step: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Every sentence not yet ``done`` takes its step (:func:`_advance`, which updates ``finished``
     and ``done``). Returns the k beams each sentence keeps, as (B, k) tensors: the beam each extends,
     its new token (EOS in an unused place), its score (-inf there) and its model log-probability."""
@@ -123,14 +140,23 @@ def _next_beams(ranked: list[list[Extension]], tokens: Tensor, finished: list[li
     for b in range(B):
         if done[b]:
             continue
-        live, done[b] = _advance(ranked[b], tokens[b * k : (b + 1) * k], finished[b], k, eos_id, length_penalty, step)
+        live, done[b] = _advance(
+            ranked[b], tokens[b * k : (b + 1) * k], finished[b], k, eos_id, length_penalty, step
+        )
         for i, (beam, token, score, lp) in enumerate(live):
             keep_beam[b, i], keep_token[b, i], new_scores[b, i], new_log_prob[b, i] = beam, token, score, lp
     return keep_beam, keep_token, new_scores, new_log_prob
 
 
-def _advance(ranked: list[Extension], beams: Tensor, finished: list[Hypothesis], k: int, eos_id: int,
-             length_penalty: float, step: int) -> tuple[list[tuple[int, int, float, float]], bool]:
+def _advance(
+    ranked: list[Extension],
+    beams: Tensor,
+    finished: list[Hypothesis],
+    k: int,
+    eos_id: int,
+    length_penalty: float,
+    step: int,
+) -> tuple[list[tuple[int, int, float, float]], bool]:
     """One sentence's step: its ``ranked`` extensions, best first, of its k ``beams`` (k, t) tokens.
     An extension ending in EOS among the top k joins ``finished``; the best k others stay live.
     Returns the live ones, (beam, token, score, log_prob), and whether the sentence is done: no live

@@ -58,7 +58,11 @@ class KVCache:
         if self.k is None or self.v is None:
             return
         length, buffers = self.k.shape[2], self._buffers
-        if buffers is not None and _is_prefix_view(self.k, buffers[0]) and _is_prefix_view(self.v, buffers[1]):
+        if (
+            buffers is not None
+            and _is_prefix_view(self.k, buffers[0])
+            and _is_prefix_view(self.v, buffers[1])
+        ):
             k_buffer, v_buffer = buffers[0].index_select(0, index), buffers[1].index_select(0, index)
             self._buffers = (k_buffer, v_buffer)  # keeps its spare room for the next appends
             self.k, self.v = k_buffer[:, :, :length], v_buffer[:, :, :length]
@@ -68,7 +72,11 @@ class KVCache:
 
 def _is_prefix_view(t: Tensor, buffer: Tensor) -> bool:
     """Whether ``t`` is still the first positions of ``buffer`` (nobody replaced the cache's k/v)."""
-    return t.data_ptr() == buffer.data_ptr() and t.stride() == buffer.stride() and t.shape[:2] == buffer.shape[:2]
+    return (
+        t.data_ptr() == buffer.data_ptr()
+        and t.stride() == buffer.stride()
+        and t.shape[:2] == buffer.shape[:2]
+    )
 
 
 @dataclass

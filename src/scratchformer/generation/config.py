@@ -52,14 +52,25 @@ class GenerationConfig:
     no_repeat_ngram_size: int = 0
 
     def __post_init__(self) -> None:
-        ints = {"decoder_start_token_id": 0, "eos_token_id": 0, "max_len_b": 0, "min_new_tokens": 0, "num_beams": 1,
-                "num_return_sequences": 1, "top_k": 0, "no_repeat_ngram_size": 0}
+        ints = {
+            "decoder_start_token_id": 0,
+            "eos_token_id": 0,
+            "max_len_b": 0,
+            "min_new_tokens": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "top_k": 0,
+            "no_repeat_ngram_size": 0,
+        }
         for name, least in ints.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool) or not isinstance(
-                self.max_new_tokens, numbers.Integral) or self.max_new_tokens < 1):
+        if self.max_new_tokens is not None and (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, numbers.Integral)
+            or self.max_new_tokens < 1
+        ):
             raise ValueError(f"max_new_tokens must be an integer >= 1 (or None), got {self.max_new_tokens!r}")
         for name in ("max_len_a", "length_penalty", "temperature", "top_p", "repetition_penalty"):
             value = getattr(self, name)
@@ -70,19 +81,27 @@ class GenerationConfig:
         if self.max_len_a < 0:
             raise ValueError(f"max_len_a must be >= 0, got {self.max_len_a}")
         if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature} (for greedy decoding use do_sample=False)")
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature} (for greedy decoding use do_sample=False)"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
         if self.do_sample and self.num_beams > 1:
-            raise ValueError(f"do_sample with num_beams={self.num_beams}: sampling inside beams is not supported")
+            raise ValueError(
+                f"do_sample with num_beams={self.num_beams}: sampling inside beams is not supported"
+            )
         if not self.do_sample and self.num_return_sequences > self.num_beams:
-            raise ValueError(f"num_return_sequences={self.num_return_sequences} > num_beams={self.num_beams}: beam "
-                             "search returns at most num_beams hypotheses (or set do_sample=True)")
+            raise ValueError(
+                f"num_return_sequences={self.num_return_sequences} > num_beams={self.num_beams}: beam "
+                "search returns at most num_beams hypotheses (or set do_sample=True)"
+            )
         if self.max_new_tokens is not None and self.min_new_tokens >= self.max_new_tokens:
-            raise ValueError(f"min_new_tokens={self.min_new_tokens} must be < max_new_tokens={self.max_new_tokens} "
-                             "(the last new token is EOS)")
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} must be < max_new_tokens={self.max_new_tokens} "
+                "(the last new token is EOS)"
+            )
 
     @classmethod
     def from_decoding(cls, decoding: dict[str, Any], **fields: Any) -> GenerationConfig:

@@ -22,8 +22,12 @@ from scratchformer.generation.stepwise import decode_stepwise
 __all__ = ["generate"]
 
 
-def _prefixes(prefix: Sequence[int] | Sequence[Sequence[int]] | None, batch: int, model: EncoderDecoder,
-              config: GenerationConfig) -> list[list[int]]:
+def _prefixes(
+    prefix: Sequence[int] | Sequence[Sequence[int]] | None,
+    batch: int,
+    model: EncoderDecoder,
+    config: GenerationConfig,
+) -> list[list[int]]:
     """One token list per sentence (one list given: the same for all), checked against the vocabulary."""
     if prefix is None:
         return [[] for _ in range(batch)]
@@ -32,10 +36,14 @@ def _prefixes(prefix: Sequence[int] | Sequence[Sequence[int]] | None, batch: int
         raise ValueError(f"prefix: expected one token list per source ({batch}), got {len(lists)}")
     banned = {config.decoder_start_token_id, config.eos_token_id, model.config.pad_id}
     for p in lists:
-        bad = [t for t in p if not isinstance(t, int) or not 0 <= t < model.config.tgt_vocab_size or t in banned]
+        bad = [
+            t for t in p if not isinstance(t, int) or not 0 <= t < model.config.tgt_vocab_size or t in banned
+        ]
         if bad:
-            raise ValueError(f"prefix: tokens {bad} are not allowed (outside [0, {model.config.tgt_vocab_size}), "
-                             "or BOS, EOS or pad)")
+            raise ValueError(
+                f"prefix: tokens {bad} are not allowed (outside [0, {model.config.tgt_vocab_size}), "
+                "or BOS, EOS or pad)"
+            )
     return lists
 
 
@@ -69,26 +77,45 @@ def generate(
     config = config or GenerationConfig()
     B = src.shape[0]
     prefixes = _prefixes(prefix, B, model, config)
-    room = model.config.max_len - 1 - max(len(p) for p in prefixes)  # decoder positions left after BOS + prefix
+    room = (
+        model.config.max_len - 1 - max(len(p) for p in prefixes)
+    )  # decoder positions left after BOS + prefix
     if room < 1:
-        raise ValueError(f"prefix: {max(len(p) for p in prefixes)} tokens leave no room within the model's "
-                         f"max_len={model.config.max_len}")
-    wanted = config.max_new_tokens or max_decode_length(model, src.shape[1], config.max_len_a, config.max_len_b)
+        raise ValueError(
+            f"prefix: {max(len(p) for p in prefixes)} tokens leave no room within the model's "
+            f"max_len={model.config.max_len}"
+        )
+    wanted = config.max_new_tokens or max_decode_length(
+        model, src.shape[1], config.max_len_a, config.max_len_b
+    )
     new_tokens = min(wanted, room)
     if config.min_new_tokens >= new_tokens:
-        raise ValueError(f"min_new_tokens={config.min_new_tokens} must be < the {new_tokens} new tokens allowed here "
-                         "(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)")
+        raise ValueError(
+            f"min_new_tokens={config.min_new_tokens} must be < the {new_tokens} new tokens allowed here "
+            "(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)"
+        )
     rules = StepRules(config, model.config.pad_id, prefixes, new_tokens, src.device)
     if config.num_beams > 1:
-        return beam_search(model, src, bos_id=config.decoder_start_token_id, eos_id=config.eos_token_id,
-                           beam_size=config.num_beams, length_penalty=config.length_penalty,
-                           src_padding_mask=src_padding_mask, n_best=config.num_return_sequences, rules=rules)
+        return beam_search(
+            model,
+            src,
+            bos_id=config.decoder_start_token_id,
+            eos_id=config.eos_token_id,
+            beam_size=config.num_beams,
+            length_penalty=config.length_penalty,
+            src_padding_mask=src_padding_mask,
+            n_best=config.num_return_sequences,
+            rules=rules,
+        )
     n = config.num_return_sequences
     generators = None
     if config.do_sample and seed is not None:
-        generators = [torch.Generator(device=src.device).manual_seed(seed + j) for _ in range(B) for j in range(n)]
-    tokens, log_prob, _ = decode_stepwise(model, src, rules, src_padding_mask=src_padding_mask,
-                                          generators=generators)
+        generators = [
+            torch.Generator(device=src.device).manual_seed(seed + j) for _ in range(B) for j in range(n)
+        ]
+    tokens, log_prob, _ = decode_stepwise(
+        model, src, rules, src_padding_mask=src_padding_mask, generators=generators
+    )
     out: list[list[Hypothesis]] = []
     for row, (ids, lp) in enumerate(zip(tokens.tolist(), log_prob.tolist())):
         ids = ids[: ids.index(config.eos_token_id) + 1]

@@ -42,8 +42,15 @@ def greedy_decode(
         :func:`~scratchformer.generation.generate` offers the other options (prefix, n-gram and
         repetition rules, minimum length).
     """
-    rules = StepRules.plain(bos_id, eos_id, model.config.pad_id, src.shape[0],
-                            max_decode_length(model, src.shape[1], max_len_a, max_len_b), src.device)
-    tokens, _, logits = decode_stepwise(model, src, rules, src_padding_mask=src_padding_mask,
-                                        use_cache=use_cache, return_logits=return_logits)
+    rules = StepRules.plain(
+        bos_id,
+        eos_id,
+        model.config.pad_id,
+        src.shape[0],
+        max_decode_length(model, src.shape[1], max_len_a, max_len_b),
+        src.device,
+    )
+    tokens, _, logits = decode_stepwise(
+        model, src, rules, src_padding_mask=src_padding_mask, use_cache=use_cache, return_logits=return_logits
+    )
     return (tokens, logits) if return_logits else tokens  # type: ignore[return-value]

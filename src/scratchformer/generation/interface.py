@@ -33,8 +33,14 @@ class EncoderDecoder(Protocol):
 
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor: ...
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None, *,
-               cache: DecoderCache | None = None) -> Tensor: ...
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        *,
+        cache: DecoderCache | None = None,
+    ) -> Tensor: ...
 
 
 def max_decode_length(model: EncoderDecoder, src_len: int, max_len_a: float, max_len_b: int) -> int:
@@ -55,17 +61,21 @@ def start_decoding(
     if bos_id == eos_id:
         raise ValueError(f"bos_id and eos_id are both {bos_id}: every sentence would end before it begins")
     if eos_id == model.config.pad_id:
-        raise ValueError(f"eos_id={eos_id} equals the model's pad_id: padding is never generated, so EOS could not be")
+        raise ValueError(
+            f"eos_id={eos_id} equals the model's pad_id: padding is never generated, so EOS could not be"
+        )
     for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
         if not 0 <= token < model.config.tgt_vocab_size:
-            raise ValueError(f"{name}={token} is outside the target vocabulary [0, {model.config.tgt_vocab_size})")
+            raise ValueError(
+                f"{name}={token} is outside the target vocabulary [0, {model.config.tgt_vocab_size})"
+            )
     if model.training:
-        warnings.warn("decoding: the model is in training mode (dropout on); call model.eval() first", stacklevel=3)
+        warnings.warn(
+            "decoding: the model is in training mode (dropout on); call model.eval() first", stacklevel=3
+        )
     if src_padding_mask is None:
         src_padding_mask = model.source_padding_mask(src)
     memory = model.encode(src, src_padding_mask)
     if src_padding_mask is not None and bool(src_padding_mask.all()):
         src_padding_mask = None  # no padding: every step's cross-attention runs unmasked (read once, here)
     return memory, src_padding_mask, DecoderCache(len(model.decoder.layers))
-
-

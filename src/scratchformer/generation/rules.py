@@ -25,13 +25,21 @@ class StepRules:
     """The rules of ``config`` for ``B`` sentences with forced ``prefixes`` (token lists, possibly
     empty) and at most ``new_tokens`` tokens after each prefix (the last one forced to EOS)."""
 
-    def __init__(self, config: GenerationConfig, pad_id: int | None, prefixes: Sequence[Sequence[int]],
-                 new_tokens: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        config: GenerationConfig,
+        pad_id: int | None,
+        prefixes: Sequence[Sequence[int]],
+        new_tokens: int,
+        device: torch.device | str = "cpu",
+    ):
         self.config, self.eos = config, config.eos_token_id
         never = [config.decoder_start_token_id] + ([pad_id] if pad_id is not None else [])
         self.never = torch.tensor(sorted(set(never) - {self.eos}), device=device)
         longest = max(len(p) for p in prefixes)
-        self.prefix = torch.full((len(prefixes), longest + 1), -1, dtype=torch.long, device=device)  # -1: free
+        self.prefix = torch.full(
+            (len(prefixes), longest + 1), -1, dtype=torch.long, device=device
+        )  # -1: free
         for i, p in enumerate(prefixes):
             self.prefix[i, : len(p)] = torch.tensor(list(p), dtype=torch.long)
         self.prefix_len = torch.tensor([len(p) for p in prefixes], device=device)
@@ -40,8 +48,16 @@ class StepRules:
         self._forcing = set(range(longest)) | set(self.ends.tolist())  # steps with a forced token somewhere
 
     @classmethod
-    def plain(cls, bos_id: int, eos_id: int, pad_id: int | None, batch: int, new_tokens: int,
-              device: torch.device | str = "cpu", **options: Any) -> StepRules:
+    def plain(
+        cls,
+        bos_id: int,
+        eos_id: int,
+        pad_id: int | None,
+        batch: int,
+        new_tokens: int,
+        device: torch.device | str = "cpu",
+        **options: Any,
+    ) -> StepRules:
         """No prefix; never BOS or pad; EOS at ``new_tokens``; ``options``: other GenerationConfig fields."""
         config = GenerationConfig(decoder_start_token_id=bos_id, eos_token_id=eos_id, **options)
         return cls(config, pad_id, [[]] * batch, new_tokens, device)
@@ -54,8 +70,9 @@ class StepRules:
         raw = scores
         if c.repetition_penalty != 1.0:
             seen = scores.gather(1, tokens)
-            scores = scores.scatter(1, tokens, torch.where(seen < 0, seen * c.repetition_penalty,
-                                                            seen / c.repetition_penalty))
+            scores = scores.scatter(
+                1, tokens, torch.where(seen < 0, seen * c.repetition_penalty, seen / c.repetition_penalty)
+            )
         if c.no_repeat_ngram_size:
             scores = self._ban_repeated_ngrams(scores, tokens)
         if c.min_new_tokens:
@@ -81,7 +98,7 @@ class StepRules:
             return scores
         scores = scores.clone()
         for i, row in enumerate(tokens.tolist()):
-            last = tuple(row[len(row) - n + 1:]) if n > 1 else ()
+            last = tuple(row[len(row) - n + 1 :]) if n > 1 else ()
             banned = {row[j + n - 1] for j in range(len(row) - n + 1) if tuple(row[j : j + n - 1]) == last}
             if banned:
                 scores[i, list(banned)] = float("-inf")

@@ -40,13 +40,21 @@ def sample_decode(
         generator: a ``torch.Generator`` on the model's device, for reproducible samples.
 
     Returns:
-        (B * num_samples, L) ids (L generated steps) without the BOS, each ending with EOS (forced at the length
-        limit), then pad (or EOS when the config has no pad_id). :func:`~scratchformer.generation.generate`
-        adds top-k, top-p, per-sentence seeds and the other rules.
+        (B * num_samples, L) ids (L generated steps) without the BOS, each ending with EOS (forced at the
+        length limit), then pad (or EOS when the config has no pad_id).
+        :func:`~scratchformer.generation.generate` adds top-k, top-p, per-sentence seeds and the other rules.
     """
     if num_samples < 1 or not temperature > 0:
         raise ValueError(f"num_samples must be >= 1 and temperature > 0, got {num_samples} and {temperature}")
-    rules = StepRules.plain(bos_id, eos_id, model.config.pad_id, src.shape[0],
-                            max_decode_length(model, src.shape[1], max_len_a, max_len_b), src.device,
-                            do_sample=True, temperature=temperature, num_return_sequences=num_samples)
+    rules = StepRules.plain(
+        bos_id,
+        eos_id,
+        model.config.pad_id,
+        src.shape[0],
+        max_decode_length(model, src.shape[1], max_len_a, max_len_b),
+        src.device,
+        do_sample=True,
+        temperature=temperature,
+        num_return_sequences=num_samples,
+    )
     return decode_stepwise(model, src, rules, src_padding_mask=src_padding_mask, generators=generator)[0]

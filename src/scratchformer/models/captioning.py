@@ -14,8 +14,8 @@ and :func:`~scratchformer.beam_search` caption images unchanged.
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
@@ -77,8 +77,10 @@ class CaptioningConfig(ModelConfig):
         if self.input not in ("pixels", "features"):
             raise ValueError(f"input: expected 'pixels' or 'features', got {self.input!r}")
         if self.input == "pixels" and self.num_regions:
-            raise ValueError(f"num_regions={self.num_regions} applies to region features (input 'features'), "
-                             "not to pixels (their patches have positions already)")
+            raise ValueError(
+                f"num_regions={self.num_regions} applies to region features (input 'features'), "
+                "not to pixels (their patches have positions already)"
+            )
         if self.input == "pixels" and self.image_size % self.patch_size:
             raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
 
@@ -142,23 +144,31 @@ class CaptioningTransformer(nn.Module):
             x = self.visual(images.to(self.visual.weight.dtype))  # features may be stored in float16
             if c.num_regions:
                 if images.shape[1] != c.num_regions:
-                    raise ValueError(f"features: expected R={c.num_regions} regions (num_regions), got {tuple(images.shape)}")
+                    raise ValueError(
+                        f"features: expected R={c.num_regions} regions (num_regions), "
+                        f"got {tuple(images.shape)}"
+                    )
                 x = x + self.region_positions
         return self.encoder(self.dropout(x))
 
-    def decode(self, captions: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None,
-               cache: Any = None) -> Tensor:
+    def decode(
+        self, captions: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None, cache: Any = None
+    ) -> Tensor:
         """Next-word logits (B, T, V) for ``captions`` (B, T) word ids (with a ``cache``: only the new
         words) given ``memory`` (B, N, D). The decoder's self-attention is causal."""
         offset = len(cache) if cache is not None else 0
         check_tokens("captions", captions, self.config.vocab_size)
         if offset + captions.shape[1] > self.config.max_len:
-            raise ValueError(f"captions: length {offset + captions.shape[1]} exceeds max_len={self.config.max_len}")
+            raise ValueError(
+                f"captions: length {offset + captions.shape[1]} exceeds max_len={self.config.max_len}"
+            )
         check_features("memory", memory, "(B, N, D)", self.config.d_model, batch=captions.shape[0])
         x = self.dropout(self.pos(self.embed(captions), offset=offset))
         return self.generator(self.decoder(x, memory, memory_key_padding_mask=src_padding_mask, cache=cache))
 
-    def forward(self, images: Tensor, captions: Tensor, captions_per_image: int | Sequence[int] = 1) -> Tensor:
+    def forward(
+        self, images: Tensor, captions: Tensor, captions_per_image: int | Sequence[int] = 1
+    ) -> Tensor:
         """Teacher forcing: images (see :meth:`encode`), captions (B', T) starting with <START>
         -> (B', T, V) logits of each next word. With several captions of each image (B' =
         sum of ``captions_per_image``, in image order), each image is encoded once."""
@@ -169,7 +179,9 @@ class CaptioningTransformer(nn.Module):
                 raise ValueError(f"captions_per_image: {len(counts)} counts for B={memory.shape[0]} images")
             counts = counts.expand(memory.shape[0])
             if int(counts.sum()) != captions.shape[0]:
-                raise ValueError(f"captions_per_image: sums to {int(counts.sum())} for {memory.shape[0]} images, "
-                                 f"but there are B'={captions.shape[0]} captions")
+                raise ValueError(
+                    f"captions_per_image: sums to {int(counts.sum())} for {memory.shape[0]} images, "
+                    f"but there are B'={captions.shape[0]} captions"
+                )
             memory = memory.repeat_interleave(counts.to(memory.device), dim=0, output_size=captions.shape[0])
         return self.decode(captions, memory)

@@ -37,8 +37,12 @@ class ClassifierConfig:
             raise ValueError(f"pooling: expected one of {POOLING_MODES}, got {self.pooling!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"encoder": self.encoder.to_dict(), "num_classes": self.num_classes,
-                "pooling": self.pooling, "head_dropout": self.head_dropout}
+        return {
+            "encoder": self.encoder.to_dict(),
+            "num_classes": self.num_classes,
+            "pooling": self.pooling,
+            "head_dropout": self.head_dropout,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:
@@ -60,8 +64,13 @@ class TextClassifier(nn.Module):
 
     @classmethod
     def from_pretrained_encoder(
-        cls, directory: str | Path, num_classes: int, pooling: str = "mean", head_dropout: float = 0.1,
-        dropout: float | None = None, attention_dropout: float | None = None,
+        cls,
+        directory: str | Path,
+        num_classes: int,
+        pooling: str = "mean",
+        head_dropout: float = 0.1,
+        dropout: float | None = None,
+        attention_dropout: float | None = None,
     ) -> TextClassifier:
         """Start from a pretrained BERT-family checkpoint directory (see scratchformer.models.pretrained).
         ``dropout``, ``attention_dropout``: replace the checkpoint's (as ``hidden_dropout_prob`` and
@@ -69,7 +78,9 @@ class TextClassifier(nn.Module):
         from scratchformer.models.pretrained import load_bert_encoder
 
         encoder = load_bert_encoder(directory)
-        changes = {k: v for k, v in (("dropout", dropout), ("attention_dropout", attention_dropout)) if v is not None}
+        changes = {
+            k: v for k, v in (("dropout", dropout), ("attention_dropout", attention_dropout)) if v is not None
+        }
         model = cls(ClassifierConfig(replace(encoder.config, **changes), num_classes, pooling, head_dropout))
         model.encoder.load_state_dict(encoder.state_dict())
         return model
@@ -77,10 +88,14 @@ class TextClassifier(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, padding_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+    ) -> Tensor:
         """tokens (B, L); padding_mask (B, L) bool, True at real tokens (default ``!= pad_id``) -> (B, C)."""
         if padding_mask is None:
             pad_id = self.config.encoder.pad_id
-            padding_mask = tokens != pad_id if pad_id is not None else tokens.new_ones(tokens.shape, dtype=torch.bool)
+            padding_mask = (
+                tokens != pad_id if pad_id is not None else tokens.new_ones(tokens.shape, dtype=torch.bool)
+            )
         hidden = self.encoder(tokens, padding_mask, token_type_ids)
         return self.head(self.dropout(pool(hidden, padding_mask, self.config.pooling)))

@@ -72,8 +72,9 @@ class EncoderEmbedding(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.skip_padding = c.positions_skip_padding
 
-    def forward(self, tokens: Tensor, token_type_ids: Tensor | None = None, padding_mask: Tensor | None = None
-                ) -> Tensor:
+    def forward(
+        self, tokens: Tensor, token_type_ids: Tensor | None = None, padding_mask: Tensor | None = None
+    ) -> Tensor:
         """tokens (B, L); token_type_ids (B, L) segment ids (default all 0); padding_mask (B, L), True
         at real tokens (read with ``positions_skip_padding`` only) -> (B, L, D)."""
         x = self.token(tokens)
@@ -144,4 +145,3 @@ class ContextualEncoder(nn.Module):
         if self.pooler is None:
             raise ValueError("this encoder has no pooler (EncoderConfig.pooler=False)")
         return torch.tanh(self.pooler(hidden[:, 0]))
-

@@ -15,8 +15,17 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-__all__ = ["CheckpointError", "check_new_directory", "fit_state", "model_type", "read_json", "read_weights",
-           "require_file", "split_qkv", "write_export"]
+__all__ = [
+    "CheckpointError",
+    "check_new_directory",
+    "fit_state",
+    "model_type",
+    "read_json",
+    "read_weights",
+    "require_file",
+    "split_qkv",
+    "write_export",
+]
 
 
 class CheckpointError(ValueError):
@@ -30,8 +39,9 @@ def read_json(path: Path, expected: type = dict) -> Any:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(data, expected):
-        raise CheckpointError(f"{path}: expected a JSON {'object' if expected is dict else 'list'}, "
-                              f"got {type(data).__name__}")
+        raise CheckpointError(
+            f"{path}: expected a JSON {'object' if expected is dict else 'list'}, got {type(data).__name__}"
+        )
     return data
 
 
@@ -72,7 +82,9 @@ def read_weights(directory: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     weights = directory / "model.safetensors"
     if not weights.is_file():
         pickled = [p.name for p in directory.glob("*.bin")]
-        hint = f" (found {pickled}: pickle files are not loaded; convert them to safetensors)" if pickled else ""
+        hint = (
+            f" (found {pickled}: pickle files are not loaded; convert them to safetensors)" if pickled else ""
+        )
         raise FileNotFoundError(f"model.safetensors not found in {directory}{hint}")
     return config, load_file(str(weights))
 
@@ -82,8 +94,11 @@ def fit_state(model: nn.Module, state: dict[str, Tensor], unexpected: list[str],
     unexpected (``unexpected``: source names no rule mapped) and mis-shaped tensor."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
-    misshaped = [f"{k}: checkpoint {tuple(v.shape)}, model {tuple(expected[k].shape)}"
-                 for k, v in state.items() if k in expected and v.shape != expected[k].shape]
+    misshaped = [
+        f"{k}: checkpoint {tuple(v.shape)}, model {tuple(expected[k].shape)}"
+        for k, v in state.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
     unexpected = unexpected + sorted(k for k in state if k not in expected)
     if missing or unexpected or misshaped:
         problems = [f"missing: {missing}"] if missing else []
@@ -101,8 +116,12 @@ def check_new_directory(directory: str | Path) -> Path:
     return directory
 
 
-def write_export(directory: str | Path, config: dict[str, Any], state: dict[str, Tensor],
-                 extra_files: Callable[[Path], None] | None = None) -> Path:
+def write_export(
+    directory: str | Path,
+    config: dict[str, Any],
+    state: dict[str, Tensor],
+    extra_files: Callable[[Path], None] | None = None,
+) -> Path:
     """Write config.json + model.safetensors (+ ``extra_files(tmp)``) into a new ``directory``,
     atomically (a temporary sibling renamed into place). An existing non-empty directory is an error."""
     directory = check_new_directory(directory)

@@ -38,16 +38,37 @@ from torch import Tensor
 
 from scratchformer.core.attention import fuse_qkv
 from scratchformer.core.transformer import Transformer, TransformerConfig
-from scratchformer.models.hf_files import CheckpointError, fit_state, model_type, read_json, read_weights, split_qkv
+from scratchformer.models.hf_files import (
+    CheckpointError,
+    fit_state,
+    model_type,
+    read_json,
+    read_weights,
+    split_qkv,
+)
 
 __all__ = ["is_marian_dir", "load_marian", "marian_config", "marian_export", "map_marian_weights"]
 
-_ATTENTION = {f"{hf}.{x}_proj": f"{ours}.{x}_proj" for x in ("q", "k", "v", "out")
-              for hf, ours in (("self_attn", "self_attn"), ("encoder_attn", "cross_attn"))}
-_ENCODER_LAYER = {**{k: v for k, v in _ATTENTION.items() if k.startswith("self_attn")}, "self_attn_layer_norm": "norm1",
-                  "fc1": "feed_forward.linear1", "fc2": "feed_forward.linear2", "final_layer_norm": "norm2"}
-_DECODER_LAYER = {**_ATTENTION, "self_attn_layer_norm": "norm1", "encoder_attn_layer_norm": "norm2",
-                  "fc1": "feed_forward.linear1", "fc2": "feed_forward.linear2", "final_layer_norm": "norm3"}
+_ATTENTION = {
+    f"{hf}.{x}_proj": f"{ours}.{x}_proj"
+    for x in ("q", "k", "v", "out")
+    for hf, ours in (("self_attn", "self_attn"), ("encoder_attn", "cross_attn"))
+}
+_ENCODER_LAYER = {
+    **{k: v for k, v in _ATTENTION.items() if k.startswith("self_attn")},
+    "self_attn_layer_norm": "norm1",
+    "fc1": "feed_forward.linear1",
+    "fc2": "feed_forward.linear2",
+    "final_layer_norm": "norm2",
+}
+_DECODER_LAYER = {
+    **_ATTENTION,
+    "self_attn_layer_norm": "norm1",
+    "encoder_attn_layer_norm": "norm2",
+    "fc1": "feed_forward.linear1",
+    "fc2": "feed_forward.linear2",
+    "final_layer_norm": "norm3",
+}
 _LAYERS = {"encoder": _ENCODER_LAYER, "decoder": _DECODER_LAYER}
 _LAYER = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _POSITIONS = re.compile(r"model\.(encoder|decoder)\.embed_positions\.weight")  # a formula, recomputed
@@ -66,21 +87,37 @@ def marian_config(hf: dict[str, Any]) -> tuple[TransformerConfig, dict[str, int]
     try:
         act = _ACTIVATIONS.get(hf.get("activation_function", "swish"))
         if act is None:
-            raise CheckpointError(f"config.json: activation_function {hf['activation_function']!r} is not supported "
-                                  f"(supported: {sorted(_ACTIVATIONS)})")
+            raise CheckpointError(
+                f"config.json: activation_function {hf['activation_function']!r} is not supported "
+                f"(supported: {sorted(_ACTIVATIONS)})"
+            )
         for field in ("attention_heads", "ffn_dim"):
             if hf[f"encoder_{field}"] != hf[f"decoder_{field}"]:
                 raise CheckpointError(f"config.json: encoder_{field} != decoder_{field} is not supported")
         share = hf.get("share_encoder_decoder_embeddings", True)
         pad = hf["pad_token_id"]
         config = TransformerConfig(
-            src_vocab_size=hf["vocab_size"], tgt_vocab_size=hf["vocab_size"] if share else hf["decoder_vocab_size"],
-            d_model=hf["d_model"], num_heads=hf["encoder_attention_heads"], d_ff=hf["encoder_ffn_dim"],
-            num_encoder_layers=hf["encoder_layers"], num_decoder_layers=hf["decoder_layers"],
-            dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0), activation=act,
-            norm_first=False, final_norm=False, layer_norm_eps=1e-5, max_len=hf.get("max_position_embeddings", 1024),
-            positional="sinusoidal", sinusoidal_layout="halves", scale_embedding=hf.get("scale_embedding", False),
-            output_bias=True, pad_id=pad, share_embeddings=share, tie_output=hf.get("tie_word_embeddings", True),
+            src_vocab_size=hf["vocab_size"],
+            tgt_vocab_size=hf["vocab_size"] if share else hf["decoder_vocab_size"],
+            d_model=hf["d_model"],
+            num_heads=hf["encoder_attention_heads"],
+            d_ff=hf["encoder_ffn_dim"],
+            num_encoder_layers=hf["encoder_layers"],
+            num_decoder_layers=hf["decoder_layers"],
+            dropout=hf.get("dropout", 0.1),
+            attention_dropout=hf.get("attention_dropout", 0.0),
+            activation=act,
+            norm_first=False,
+            final_norm=False,
+            layer_norm_eps=1e-5,
+            max_len=hf.get("max_position_embeddings", 1024),
+            positional="sinusoidal",
+            sinusoidal_layout="halves",
+            scale_embedding=hf.get("scale_embedding", False),
+            output_bias=True,
+            pad_id=pad,
+            share_embeddings=share,
+            tie_output=hf.get("tie_word_embeddings", True),
         )
     except KeyError as e:
         raise CheckpointError(f"config.json: missing required field {e.args[0]!r}") from e
@@ -88,7 +125,9 @@ def marian_config(hf: dict[str, Any]) -> tuple[TransformerConfig, dict[str, int]
     return config, special
 
 
-def map_marian_weights(hf_state: dict[str, Tensor], config: TransformerConfig) -> tuple[dict[str, Tensor], list[str]]:
+def map_marian_weights(
+    hf_state: dict[str, Tensor], config: TransformerConfig
+) -> tuple[dict[str, Tensor], list[str]]:
     """Rename Marian tensors to ours. Returns (our state dict, unexpected Marian names)."""
     ours: dict[str, Tensor] = {}
     unexpected = []
@@ -109,7 +148,9 @@ def map_marian_weights(hf_state: dict[str, Tensor], config: TransformerConfig) -
             ours["generator.bias"] = tensor.reshape(-1)
         elif not _POSITIONS.fullmatch(name):
             unexpected.append(name)
-    if config.share_embeddings and "src_embed.weight" in ours:  # one matrix, saved once under any of its names
+    if (
+        config.share_embeddings and "src_embed.weight" in ours
+    ):  # one matrix, saved once under any of its names
         ours["tgt_embed.weight"] = ours["src_embed.weight"]
     if config.tie_output and "tgt_embed.weight" in ours:
         ours["generator.weight"] = ours["tgt_embed.weight"]
@@ -121,11 +162,17 @@ def _decoding(directory: Path, hf_config: dict[str, Any], config: TransformerCon
     """Decoding defaults as ``generate`` would take them: generation_config.json, else the legacy
     fields of config.json (num_beams, max_length, length_penalty), else Hugging Face's defaults."""
     path = directory / "generation_config.json"
-    gen = {**{k: v for k, v in hf_config.items() if k in ("num_beams", "max_length", "length_penalty")},
-           **(read_json(path) if path.is_file() else {})}
+    gen = {
+        **{k: v for k, v in hf_config.items() if k in ("num_beams", "max_length", "length_penalty")},
+        **(read_json(path) if path.is_file() else {}),
+    }
     new_tokens = gen.get("max_new_tokens") or (gen.get("max_length") or config.max_len) - 1
-    return {"beam_size": gen.get("num_beams") or 1, "length_penalty": gen.get("length_penalty", 1.0),
-            "max_len_a": 0.0, "max_len_b": int(new_tokens)}
+    return {
+        "beam_size": gen.get("num_beams") or 1,
+        "length_penalty": gen.get("length_penalty", 1.0),
+        "max_len_a": 0.0,
+        "max_len_b": int(new_tokens),
+    }
 
 
 def load_marian(directory: str | Path) -> tuple[Transformer, dict[str, int], dict[str, Any]]:
@@ -149,8 +196,14 @@ def _sharing_as_saved(config: TransformerConfig, hf_state: dict[str, Tensor]) ->
     """Share (and tie) only the embedding matrices saved equal: with ``tie_word_embeddings: false``
     transformers keeps the encoder's, the decoder's and the output's apart, whatever
     ``share_encoder_decoder_embeddings`` says, and fine-tuning makes them differ."""
-    source, target, output = (hf_state.get(name) for name in (
-        "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"))
+    source, target, output = (
+        hf_state.get(name)
+        for name in (
+            "model.encoder.embed_tokens.weight",
+            "model.decoder.embed_tokens.weight",
+            "lm_head.weight",
+        )
+    )
     share = config.share_embeddings and (source is None or target is None or torch.equal(source, target))
     tie = config.tie_output and (target is None or output is None or torch.equal(target, output))
     return dataclasses.replace(config, share_embeddings=share, tie_output=tie)
@@ -169,7 +222,10 @@ def _permute_width(state: dict[str, Tensor], order: Tensor) -> dict[str, Tensor]
     for name, t in state.items():
         if name.endswith(("embed.weight", "generator.weight", "qkv_proj.weight", "linear1.weight")):
             out[name] = t[:, order]
-        elif name.endswith(("out_proj.weight", "out_proj.bias", "linear2.weight", "linear2.bias")) or ".norm" in name:
+        elif (
+            name.endswith(("out_proj.weight", "out_proj.bias", "linear2.weight", "linear2.bias"))
+            or ".norm" in name
+        ):
             out[name] = t[order]
         elif name.endswith(("qkv_proj.bias", "linear1.bias", "generator.bias")):
             out[name] = t
@@ -178,20 +234,30 @@ def _permute_width(state: dict[str, Tensor], order: Tensor) -> dict[str, Tensor]
     return out
 
 
-def marian_export(model: Transformer, special: dict[str, int], decoding: dict[str, Any]
-                  ) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
+def marian_export(
+    model: Transformer, special: dict[str, int], decoding: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
     """Our Transformer -> (Marian config.json, its tensors, generation_config.json). A configuration
     Marian cannot express is a ``ValueError`` naming every such option."""
     c = model.config
-    problems = [text for bad, text in (
-        (c.norm_first, "norm_first=True (Marian is post-LN)"),
-        (model.encoder.norm is not None or model.decoder.norm is not None,
-         "final_norm=True (Marian has no LayerNorm after the stacks)"),
-        (c.positional != "sinusoidal", f"positional={c.positional!r} (Marian's positions are sinusoidal)"),
-        (not c.bias, "bias=False (Marian's linear maps have biases)"),
-        (c.layer_norm_eps != 1e-5, f"layer_norm_eps={c.layer_norm_eps} (Marian's LayerNorm uses 1e-5)"),
-        (c.pad_id is None, "pad_id=None (Marian needs a padding id)"),
-    ) if bad]
+    problems = [
+        text
+        for bad, text in (
+            (c.norm_first, "norm_first=True (Marian is post-LN)"),
+            (
+                model.encoder.norm is not None or model.decoder.norm is not None,
+                "final_norm=True (Marian has no LayerNorm after the stacks)",
+            ),
+            (
+                c.positional != "sinusoidal",
+                f"positional={c.positional!r} (Marian's positions are sinusoidal)",
+            ),
+            (not c.bias, "bias=False (Marian's linear maps have biases)"),
+            (c.layer_norm_eps != 1e-5, f"layer_norm_eps={c.layer_norm_eps} (Marian's LayerNorm uses 1e-5)"),
+            (c.pad_id is None, "pad_id=None (Marian needs a padding id)"),
+        )
+        if bad
+    ]
     if problems:
         raise ValueError("this model cannot be written as a Marian checkpoint: " + "; ".join(problems))
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
@@ -216,21 +282,40 @@ def marian_export(model: Transformer, special: dict[str, int], decoding: dict[st
     hf_state["final_logits_bias"] = bias.reshape(1, -1).clone()
     pad, bos, eos = special["pad"], special["bos"], special["eos"]
     hf_config = {
-        "model_type": "marian", "architectures": ["MarianMTModel"], "is_encoder_decoder": True,
-        "vocab_size": c.src_vocab_size, "decoder_vocab_size": c.tgt_vocab_size, "d_model": c.d_model,
-        "encoder_layers": c.num_encoder_layers, "decoder_layers": c.num_decoder_layers,
-        "encoder_attention_heads": c.num_heads, "decoder_attention_heads": c.num_heads,
-        "encoder_ffn_dim": c.d_ff, "decoder_ffn_dim": c.d_ff,
-        "activation_function": {"silu": "swish"}.get(c.activation, c.activation), "dropout": c.dropout,
+        "model_type": "marian",
+        "architectures": ["MarianMTModel"],
+        "is_encoder_decoder": True,
+        "vocab_size": c.src_vocab_size,
+        "decoder_vocab_size": c.tgt_vocab_size,
+        "d_model": c.d_model,
+        "encoder_layers": c.num_encoder_layers,
+        "decoder_layers": c.num_decoder_layers,
+        "encoder_attention_heads": c.num_heads,
+        "decoder_attention_heads": c.num_heads,
+        "encoder_ffn_dim": c.d_ff,
+        "decoder_ffn_dim": c.d_ff,
+        "activation_function": {"silu": "swish"}.get(c.activation, c.activation),
+        "dropout": c.dropout,
         "attention_dropout": c.dropout if c.attention_dropout is None else c.attention_dropout,
-        "activation_dropout": c.dropout, "max_position_embeddings": c.max_len, "scale_embedding": c.scale_embedding,
-        "pad_token_id": pad, "eos_token_id": eos, "decoder_start_token_id": bos, "forced_eos_token_id": eos,
-        "share_encoder_decoder_embeddings": c.share_embeddings, "tie_word_embeddings": c.tie_output,
+        "activation_dropout": c.dropout,
+        "max_position_embeddings": c.max_len,
+        "scale_embedding": c.scale_embedding,
+        "pad_token_id": pad,
+        "eos_token_id": eos,
+        "decoder_start_token_id": bos,
+        "forced_eos_token_id": eos,
+        "share_encoder_decoder_embeddings": c.share_embeddings,
+        "tie_word_embeddings": c.tie_output,
         "dtype": "float32",
     }
     generation = {  # our decoding defaults, as generate() reads them; a * S + b has no HF equivalent
-        "decoder_start_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "forced_eos_token_id": eos,
-        "bad_words_ids": [[pad]] + ([[bos]] if bos != pad else []), "max_length": c.max_len,
-        "num_beams": decoding.get("beam_size", 1), "length_penalty": decoding.get("length_penalty", 1.0),
+        "decoder_start_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "forced_eos_token_id": eos,
+        "bad_words_ids": [[pad]] + ([[bos]] if bos != pad else []),
+        "max_length": c.max_len,
+        "num_beams": decoding.get("beam_size", 1),
+        "length_penalty": decoding.get("length_penalty", 1.0),
     }
     return hf_config, hf_state, generation

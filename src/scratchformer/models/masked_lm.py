@@ -51,7 +51,9 @@ class MaskedLanguageModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)  # the tied matrix once
 
-    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, padding_mask: Tensor | None = None, positions: Tensor | None = None
+    ) -> Tensor:
         """tokens (B, L); padding_mask (B, L) bool, True at real tokens; positions (B, L) bool, where
         to predict -> logits (M, V), M = positions.sum(), in row-major order (all B*L positions,
         as (B, L, V), if ``positions`` is None)."""
@@ -59,6 +61,8 @@ class MaskedLanguageModel(nn.Module):
         if positions is None:
             return self.head(hidden)
         if positions.shape != tokens.shape or positions.dtype != torch.bool:
-            raise ValueError(f"positions: expected a bool tensor of the tokens' shape (B, L)={tuple(tokens.shape)}, "
-                             f"got {positions.dtype} {tuple(positions.shape)}")
+            raise ValueError(
+                f"positions: expected a bool tensor of the tokens' shape (B, L)={tuple(tokens.shape)}, "
+                f"got {positions.dtype} {tuple(positions.shape)}"
+            )
         return self.head(hidden[positions])  # (M, V)

@@ -38,15 +38,23 @@ class PatchEmbedding(nn.Module):
         """``images`` must be a floating (B, C, H, W) tensor of the configured size."""
         expected = f"(B, C, H, W) = (B, {self.channels}, {self.image_size}, {self.image_size})"
         if not images.is_floating_point():
-            raise TypeError(f"images: expected a floating-point tensor {expected} (pixels in [0, 1]), "
-                            f"got dtype {images.dtype}")
+            raise TypeError(
+                f"images: expected a floating-point tensor {expected} (pixels in [0, 1]), "
+                f"got dtype {images.dtype}"
+            )
         if images.dim() != 4:
-            raise ValueError(f"images: expected shape {expected}, got {tuple(images.shape)} ({images.dim()} dims)")
+            raise ValueError(
+                f"images: expected shape {expected}, got {tuple(images.shape)} ({images.dim()} dims)"
+            )
         if images.shape[1] != self.channels:
-            raise ValueError(f"images: expected {self.channels} channels in {expected}, got {tuple(images.shape)}")
+            raise ValueError(
+                f"images: expected {self.channels} channels in {expected}, got {tuple(images.shape)}"
+            )
         if tuple(images.shape[2:]) != (self.image_size, self.image_size):
-            raise ValueError(f"images: expected {self.image_size}x{self.image_size} pixels in {expected}, "
-                             f"got {tuple(images.shape)}; resize the images first")
+            raise ValueError(
+                f"images: expected {self.image_size}x{self.image_size} pixels in {expected}, "
+                f"got {tuple(images.shape)}; resize the images first"
+            )
 
     def forward(self, images: Tensor) -> Tensor:
         """images (B, C, H, W) -> patch embeddings (B, N, D)."""
@@ -55,4 +63,3 @@ class PatchEmbedding(nn.Module):
         patches = images.reshape(B, C, G, P, G, P).permute(0, 2, 4, 1, 3, 5).reshape(B, G * G, C * P * P)
         position = (self.row[:, None, :] + self.col[None, :, :]).reshape(G * G, -1)  # (N, D), row-major
         return self.proj(patches) + position
-

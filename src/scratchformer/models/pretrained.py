@@ -12,11 +12,15 @@ their names are mapped onto ours by the tables below: no ``transformers`` import
     embeddings.token_type_embeddings            (none)                            embeddings.token_type
     embeddings.LayerNorm                        (same)                            embeddings.norm
     encoder.layer.i.attention.self.query/key/value  transformer.layer.i.attention.q_lin/k_lin/v_lin
-                                                    -> encoder.layers.i.self_attn.qkv_proj (stacked [W^Q; W^K; W^V])
-    encoder.layer.i.attention.output.dense      transformer.layer.i.attention.out_lin  -> ...self_attn.out_proj
+                                                    -> encoder.layers.i.self_attn.qkv_proj
+                                                       (stacked [W^Q; W^K; W^V])
+    encoder.layer.i.attention.output.dense      transformer.layer.i.attention.out_lin
+                                                -> ...self_attn.out_proj
     encoder.layer.i.attention.output.LayerNorm  transformer.layer.i.sa_layer_norm      -> ...norm1
-    encoder.layer.i.intermediate.dense          transformer.layer.i.ffn.lin1           -> ...feed_forward.linear1
-    encoder.layer.i.output.dense                transformer.layer.i.ffn.lin2           -> ...feed_forward.linear2
+    encoder.layer.i.intermediate.dense          transformer.layer.i.ffn.lin1
+                                                -> ...feed_forward.linear1
+    encoder.layer.i.output.dense                transformer.layer.i.ffn.lin2
+                                                -> ...feed_forward.linear2
     encoder.layer.i.output.LayerNorm            transformer.layer.i.output_layer_norm  -> ...norm2
     pooler.dense                                (none)                            pooler
 
@@ -40,8 +44,15 @@ from torch import Tensor
 from scratchformer.core.attention import fuse_qkv
 from scratchformer.core.embedding import sinusoidal_table
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
+from scratchformer.models.hf_files import (
+    CheckpointError,
+    fit_state,
+    read_json,
+    read_weights,
+    require_file,
+    split_qkv,
+)
 from scratchformer.models.masked_lm import MaskedLanguageModel
-from scratchformer.models.hf_files import CheckpointError, fit_state, read_json, read_weights, require_file, split_qkv
 
 __all__ = [
     "CheckpointError",
@@ -82,7 +93,12 @@ _DISTILBERT_NAMES = {
     "transformer.layer.{i}.ffn.lin2": "encoder.layers.{i}.feed_forward.linear2",
     "transformer.layer.{i}.output_layer_norm": "encoder.layers.{i}.norm2",
 }
-_NAMES = {"bert": _BERT_NAMES, "roberta": _BERT_NAMES, "xlm-roberta": _BERT_NAMES, "distilbert": _DISTILBERT_NAMES}
+_NAMES = {
+    "bert": _BERT_NAMES,
+    "roberta": _BERT_NAMES,
+    "xlm-roberta": _BERT_NAMES,
+    "distilbert": _DISTILBERT_NAMES,
+}
 
 
 def _rename(name: str, table: dict[str, str]) -> str | None:
@@ -96,23 +112,33 @@ def _rename(name: str, table: dict[str, str]) -> str | None:
 
 
 _BUFFERS = re.compile(r"embeddings\.(position_ids|token_type_ids)")  # saved buffers, not weights
-_HEADS = re.compile(r"(cls|lm_head|classifier|pre_classifier|qa_outputs|vocab_(transform|layer_norm|projector))\.")
+_HEADS = re.compile(
+    r"(cls|lm_head|classifier|pre_classifier|qa_outputs|vocab_(transform|layer_norm|projector))\."
+)
 _ACTIVATIONS = ("gelu", "relu", "silu")
 
 
 def _hf_name(name: str) -> str:
-    """Normalise old/prefixed names: 'bert.'/'roberta.'/'distilbert.' prefixes, TF-era LayerNorm gamma/beta."""
+    """Normalise old/prefixed names: 'bert.'/'roberta.'/'distilbert.' prefixes, TF-era LayerNorm
+    gamma/beta."""
     name = re.sub(r"^(bert|roberta|distilbert)\.", "", name)
-    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
+    return re.sub(
+        r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+    )
 
 
 def _position_offset(hf_config: dict[str, Any]) -> int:
     """RoBERTa and XLM-R count positions from padding_idx + 1; BERT and DistilBERT from 0."""
-    return hf_config.get("pad_token_id", 1) + 1 if hf_config.get("model_type") in ("roberta", "xlm-roberta") else 0
+    return (
+        hf_config.get("pad_token_id", 1) + 1
+        if hf_config.get("model_type") in ("roberta", "xlm-roberta")
+        else 0
+    )
 
 
-def map_bert_weights(hf_state: dict[str, Tensor], model_type: str = "bert", position_offset: int = 0
-                     ) -> tuple[dict[str, Tensor], list[str]]:
+def map_bert_weights(
+    hf_state: dict[str, Tensor], model_type: str = "bert", position_offset: int = 0
+) -> tuple[dict[str, Tensor], list[str]]:
     """Rename a BERT-family checkpoint's tensors to ours. Returns (our state dict, unexpected names)."""
     ours: dict[str, Tensor] = {}
     unexpected = []
@@ -135,30 +161,59 @@ def bert_config(hf_config: dict[str, Any], pooler: bool = True) -> EncoderConfig
     """Translate a BERT, RoBERTa, XLM-R or DistilBERT ``config.json`` into our :class:`EncoderConfig`."""
     model_type = hf_config.get("model_type")
     if model_type not in _NAMES:
-        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})")
+        raise CheckpointError(
+            f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})"
+        )
     distil = model_type == "distilbert"
     act_field = "activation" if distil else "hidden_act"
     act = hf_config.get(act_field, "gelu")
     if act not in _ACTIVATIONS:
-        raise CheckpointError(f"config.json: {act_field} {act!r} is not supported (supported: {_ACTIVATIONS})")
+        raise CheckpointError(
+            f"config.json: {act_field} {act!r} is not supported (supported: {_ACTIVATIONS})"
+        )
     if hf_config.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError("config.json: only position_embedding_type 'absolute' is supported")
-    for field, meaning in (("is_decoder", "causal self-attention"), ("add_cross_attention", "cross-attention")):
+    for field, meaning in (
+        ("is_decoder", "causal self-attention"),
+        ("add_cross_attention", "cross-attention"),
+    ):
         if hf_config.get(field):  # an encoder that attends both ways would give other numbers, silently
-            raise CheckpointError(f"config.json: {field}=true ({meaning}) is not supported: ours is an encoder")
-    names = (("dim", "n_heads", "n_layers", "hidden_dim", "dropout", "attention_dropout") if distil else
-             ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "hidden_dropout_prob",
-              "attention_probs_dropout_prob"))
+            raise CheckpointError(
+                f"config.json: {field}=true ({meaning}) is not supported: ours is an encoder"
+            )
+    names = (
+        ("dim", "n_heads", "n_layers", "hidden_dim", "dropout", "attention_dropout")
+        if distil
+        else (
+            "hidden_size",
+            "num_attention_heads",
+            "num_hidden_layers",
+            "intermediate_size",
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+        )
+    )
     try:
         d_model, heads, layers, d_ff = (hf_config[n] for n in names[:4])
         return EncoderConfig(
-            vocab_size=hf_config["vocab_size"], d_model=d_model, num_heads=heads, num_layers=layers, d_ff=d_ff,
-            dropout=hf_config.get(names[4], 0.1), attention_dropout=hf_config.get(names[5], 0.1), activation=act,
-            norm_first=False, layer_norm_eps=1e-12 if distil else hf_config.get("layer_norm_eps", 1e-12),
+            vocab_size=hf_config["vocab_size"],
+            d_model=d_model,
+            num_heads=heads,
+            num_layers=layers,
+            d_ff=d_ff,
+            dropout=hf_config.get(names[4], 0.1),
+            attention_dropout=hf_config.get(names[5], 0.1),
+            activation=act,
+            norm_first=False,
+            layer_norm_eps=1e-12 if distil else hf_config.get("layer_norm_eps", 1e-12),
             max_len=hf_config.get("max_position_embeddings", 512) - _position_offset(hf_config),
-            positional="learned", type_vocab_size=0 if distil else hf_config.get("type_vocab_size", 2),
-            embedding_norm=True, scale_embedding=False, pad_id=hf_config.get("pad_token_id", 0),
-            pooler=pooler and not distil, positions_skip_padding=_position_offset(hf_config) > 0,
+            positional="learned",
+            type_vocab_size=0 if distil else hf_config.get("type_vocab_size", 2),
+            embedding_norm=True,
+            scale_embedding=False,
+            pad_id=hf_config.get("pad_token_id", 0),
+            pooler=pooler and not distil,
+            positions_skip_padding=_position_offset(hf_config) > 0,
         )
     except KeyError as e:
         raise CheckpointError(f"config.json: missing required field {e.args[0]!r}") from e
@@ -189,7 +244,9 @@ def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
     hf_config, hf_state = read_weights(directory)
     model_type = hf_config.get("model_type")
     if model_type not in _NAMES:  # before mapping: the error names the model type, not its tensors
-        raise CheckpointError(f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})")
+        raise CheckpointError(
+            f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})"
+        )
     state, unexpected = map_bert_weights(hf_state, model_type, _position_offset(hf_config))
     model = ContextualEncoder(bert_config(hf_config, pooler="pooler.weight" in state))
     fit_state(model, state, unexpected, directory / "model.safetensors")
@@ -198,13 +255,20 @@ def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
 
 def bert_problems(c: EncoderConfig) -> list[str]:
     """The options of ``c`` that a BERT checkpoint cannot express (none: it can be exported)."""
-    return [text for bad, text in (
-        (c.norm_first, "norm_first=True (BERT is post-LN)"),
-        (c.has_final_norm(c.num_layers), "final_norm=True (BERT has no LayerNorm after the stack)"),
-        (not c.embedding_norm, "embedding_norm=False (BERT normalises its embeddings)"),
-        (not c.bias, "bias=False (BERT's linear maps have biases)"),
-        (c.positions_skip_padding, "positions_skip_padding=True (RoBERTa's positions; BERT counts columns)"),
-    ) if bad]
+    return [
+        text
+        for bad, text in (
+            (c.norm_first, "norm_first=True (BERT is post-LN)"),
+            (c.has_final_norm(c.num_layers), "final_norm=True (BERT has no LayerNorm after the stack)"),
+            (not c.embedding_norm, "embedding_norm=False (BERT normalises its embeddings)"),
+            (not c.bias, "bias=False (BERT's linear maps have biases)"),
+            (
+                c.positions_skip_padding,
+                "positions_skip_padding=True (RoBERTa's positions; BERT counts columns)",
+            ),
+        )
+        if bad
+    ]
 
 
 def bert_export(encoder: ContextualEncoder) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -225,19 +289,32 @@ def bert_export(encoder: ContextualEncoder) -> tuple[dict[str, Any], dict[str, T
         assert renamed is not None, f"bert_export: no BERT name for {name}"
         hf[renamed] = tensor
     if c.scale_embedding:
-        hf["embeddings.word_embeddings.weight"] = hf["embeddings.word_embeddings.weight"] * math.sqrt(c.d_model)
+        hf["embeddings.word_embeddings.weight"] = hf["embeddings.word_embeddings.weight"] * math.sqrt(
+            c.d_model
+        )
     if c.positional == "sinusoidal":
-        hf["embeddings.position_embeddings.weight"] = sinusoidal_table(c.max_len, c.d_model, layout=c.sinusoidal_layout)
+        hf["embeddings.position_embeddings.weight"] = sinusoidal_table(
+            c.max_len, c.d_model, layout=c.sinusoidal_layout
+        )
     if not c.type_vocab_size:
         hf["embeddings.token_type_embeddings.weight"] = torch.zeros(1, c.d_model)
     hf_config = {
-        "model_type": "bert", "architectures": ["BertModel"], "vocab_size": c.vocab_size, "hidden_size": c.d_model,
-        "num_attention_heads": c.num_heads, "num_hidden_layers": c.num_layers, "intermediate_size": c.d_ff,
-        "hidden_act": c.activation, "hidden_dropout_prob": c.dropout,
+        "model_type": "bert",
+        "architectures": ["BertModel"],
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "num_attention_heads": c.num_heads,
+        "num_hidden_layers": c.num_layers,
+        "intermediate_size": c.d_ff,
+        "hidden_act": c.activation,
+        "hidden_dropout_prob": c.dropout,
         "attention_probs_dropout_prob": c.dropout if c.attention_dropout is None else c.attention_dropout,
-        "layer_norm_eps": c.layer_norm_eps, "max_position_embeddings": c.max_len,
-        "type_vocab_size": c.type_vocab_size or 1, "pad_token_id": 0 if c.pad_id is None else c.pad_id,
-        "position_embedding_type": "absolute", "dtype": "float32",
+        "layer_norm_eps": c.layer_norm_eps,
+        "max_position_embeddings": c.max_len,
+        "type_vocab_size": c.type_vocab_size or 1,
+        "pad_token_id": 0 if c.pad_id is None else c.pad_id,
+        "position_embedding_type": "absolute",
+        "dtype": "float32",
     }
     return hf_config, hf
 
@@ -252,7 +329,8 @@ def masked_lm_export(model: MaskedLanguageModel) -> tuple[dict[str, Any], dict[s
     scale = math.sqrt(model.config.d_model) if model.config.scale_embedding else 1.0
     state = {f"bert.{name}": tensor for name, tensor in encoder_state.items()}
     state |= {
-        "cls.predictions.transform.dense.weight": head.dense.weight, "cls.predictions.transform.dense.bias": head.dense.bias,
+        "cls.predictions.transform.dense.weight": head.dense.weight,
+        "cls.predictions.transform.dense.bias": head.dense.bias,
         "cls.predictions.transform.LayerNorm.weight": head.norm.weight / scale,
         "cls.predictions.transform.LayerNorm.bias": head.norm.bias / scale,
         "cls.predictions.bias": head.bias,

@@ -1,9 +1,9 @@
 """Text classification end to end: recipe -> tokenizer -> TextClassifier -> Trainer -> metrics.
 
-    recipe = ClassifierRecipe.from_json("recipes/imdb.json")
-    report = train_classifier(recipe)              # trains, keeps the best checkpoint, tests it
-    clf = load_classifier("runs/imdb/best")
-    clf.predict(["A wonderful film.", "Two hours I will never get back."])
+recipe = ClassifierRecipe.from_json("recipes/imdb.json")
+report = train_classifier(recipe)              # trains, keeps the best checkpoint, tests it
+clf = load_classifier("runs/imdb/best")
+clf.predict(["A wonderful film.", "Two hours I will never get back."])
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ __all__ = [
 ]
 
 
-def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], label_names: Sequence[str]) -> dict[str, Any]:
+def classification_metrics(
+    y_true: Sequence[int], y_pred: Sequence[int], label_names: Sequence[str]
+) -> dict[str, Any]:
     """Accuracy, per-class precision/recall/F1, macro F1, and the confusion matrix [true][pred].
     Macro F1 averages the classes that occur in ``y_true`` or ``y_pred``, as scikit-learn's: a class
     never seen nor predicted (class 0 of labels 1..K) is not averaged in as an F1 of 0."""
@@ -81,7 +83,10 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], label_n
 
 @torch.no_grad()
 def predict_proba(
-    model: TextClassifier, tokenizer: TextTokenizer, ids: Sequence[Sequence[int]], batch_size: int = 64,
+    model: TextClassifier,
+    tokenizer: TextTokenizer,
+    ids: Sequence[Sequence[int]],
+    batch_size: int = 64,
     device: torch.device | str = "cpu",
 ) -> Tensor:
     """Class probabilities (N, C) for tokenized texts, batched by length, in the input order."""
@@ -98,8 +103,15 @@ def predict_proba(
 class ClassificationTask:
     """The classification :class:`~scratchformer.training.TrainingTask`: cross-entropy on real labels."""
 
-    def __init__(self, tokenizer: TextTokenizer, train: LabelledTexts, valid: LabelledTexts,
-                 model_config: ClassifierConfig, batch_size: int, eval_batch_size: int = 64):
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        train: LabelledTexts,
+        valid: LabelledTexts,
+        model_config: ClassifierConfig,
+        batch_size: int,
+        eval_batch_size: int = 64,
+    ):
         self.tokenizer = tokenizer
         self.label_names = train.label_names
         self.model_config = model_config
@@ -123,12 +135,18 @@ class ClassificationTask:
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         probs = predict_proba(model, self.tokenizer, self.valid_ids, self.eval_batch_size, device)  # type: ignore[arg-type]
         loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), self.valid_labels).item()
-        metrics = classification_metrics(self.valid_labels.tolist(), probs.argmax(-1).tolist(), self.label_names)
+        metrics = classification_metrics(
+            self.valid_labels.tolist(), probs.argmax(-1).tolist(), self.label_names
+        )
         return {"loss": loss, "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"]}
 
     def checkpoint_config(self) -> dict[str, Any]:
-        return {"kind": "text_classifier", "model": self.model_config.to_dict(),
-                "labels": list(self.label_names), "tokenizer": self.tokenizer.settings()}
+        return {
+            "kind": "text_classifier",
+            "model": self.model_config.to_dict(),
+            "labels": list(self.label_names),
+            "tokenizer": self.tokenizer.settings(),
+        }
 
     def save_files(self, directory: Path) -> None:
         self.tokenizer.save(directory / "tokenizer.json")
@@ -170,32 +188,60 @@ class ClassifierRecipe(Recipe):
     METRICS = ("loss", "accuracy", "macro_f1")
 
     def validate(self) -> None:
-        check_range(self, {"valid_size": 0, "vocab_size": 8, "max_length": 2, "head_length": 0, "batch_size": 1,
-                           "average_last": 0}, ("head_dropout",))
+        check_range(
+            self,
+            {
+                "valid_size": 0,
+                "vocab_size": 8,
+                "max_length": 2,
+                "head_length": 0,
+                "batch_size": 1,
+                "average_last": 0,
+            },
+            ("head_dropout",),
+        )
         if self.truncation not in TRUNCATIONS:
             raise ValueError(f"truncation: expected one of {TRUNCATIONS}, got {self.truncation!r}")
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"pooling: expected one of {POOLING_MODES}, got {self.pooling!r}")
         names = self.label_names
-        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)
-                                  or len(set(names)) != len(names) or len(names) < 2):
-            raise ValueError(f"label_names: expected at least two distinct names (a list of strings), got {names!r}")
+        if names is not None and (
+            not isinstance(names, list)
+            or not all(isinstance(n, str) for n in names)
+            or len(set(names)) != len(names)
+            or len(names) < 2
+        ):
+            raise ValueError(
+                f"label_names: expected at least two distinct names (a list of strings), got {names!r}"
+            )
         if self.valid_file is None and self.valid_size < 1:
-            raise ValueError(f"valid_size must be >= 1 without a valid_file (it is held out of train_file), "
-                             f"got {self.valid_size}")
+            raise ValueError(
+                f"valid_size must be >= 1 without a valid_file (it is held out of train_file), "
+                f"got {self.valid_size}"
+            )
         if self.truncation == "head_tail" and not 0 < self.head_length < self.max_length:
-            raise ValueError(f"head_length must be in (0, max_length={self.max_length}) for truncation 'head_tail', "
-                             f"got {self.head_length}")
+            raise ValueError(
+                f"head_length must be in (0, max_length={self.max_length}) for truncation 'head_tail', "
+                f"got {self.head_length}"
+            )
         if self.pretrained and self.tokenizer:
-            raise ValueError("tokenizer: a pretrained encoder brings its own tokenizer.json; "
-                             "give pretrained or tokenizer, not both")
+            raise ValueError(
+                "tokenizer: a pretrained encoder brings its own tokenizer.json; "
+                "give pretrained or tokenizer, not both"
+            )
         if self.pretrained:
             extra = sorted(set(self.model) - {"dropout", "attention_dropout"})
             if extra:
-                raise ValueError(f"model: {extra} cannot change a pretrained encoder (only dropout and attention_dropout)")
+                raise ValueError(
+                    f"model: {extra} cannot change a pretrained encoder (only dropout and attention_dropout)"
+                )
         else:
-            check_model_fields(EncoderConfig, {"max_len": self.max_length, **self.model}, vocab_size=self.vocab_size,
-                               pad_id=0)
+            check_model_fields(
+                EncoderConfig,
+                {"max_len": self.max_length, **self.model},
+                vocab_size=self.vocab_size,
+                pad_id=0,
+            )
 
 
 class ClassifierRun(TrainingRun):
@@ -203,18 +249,24 @@ class ClassifierRun(TrainingRun):
     texts, a tokenizer and a TextClassifier (new, or on a pretrained encoder); then the chosen
     checkpoint (best, or the average of the last ``average_last``) on the test file."""
 
-    def __init__(self, recipe: ClassifierRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False):
+    def __init__(
+        self, recipe: ClassifierRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False
+    ):
         super().__init__(recipe, data_dir, resume)
         self.average_last = recipe.average_last
 
     def check(self) -> None:
         c = self.recipe
         if c.pretrained and not (Path(c.pretrained) / "config.json").is_file():
-            raise FileNotFoundError(f"pretrained: no checkpoint directory at {c.pretrained} (config.json, model.safetensors, "
-                                    "tokenizer.json); give --pretrained DIR")
+            raise FileNotFoundError(
+                f"pretrained: no checkpoint directory at {c.pretrained} (config.json, model.safetensors, "
+                "tokenizer.json); give --pretrained DIR"
+            )
 
         def check_inputs() -> None:  # rank 0 reads them all
-            check_files(self.data_dir, train_file=c.train_file, valid_file=c.valid_file, test_file=c.test_file)
+            check_files(
+                self.data_dir, train_file=c.train_file, valid_file=c.valid_file, test_file=c.test_file
+            )
             # a resumed run reads its own tokenizer
             check_files(self.data_dir, "tokenizer", tokenizer=None if self.resume else c.tokenizer)
 
@@ -222,8 +274,12 @@ class ClassifierRun(TrainingRun):
 
     def load(self, path: str | None, label_names: list[str] | None) -> LabelledTexts:
         c = self.recipe
-        return load_labelled_texts(resolve_data_path(path, self.data_dir), c.text_field, c.label_field,  # type: ignore[arg-type]
-                                   label_names)
+        return load_labelled_texts(
+            resolve_data_path(path, self.data_dir),
+            c.text_field,
+            c.label_field,  # type: ignore[arg-type]
+            label_names,
+        )
 
     def setup(self) -> tuple[TextClassifier, ClassificationTask, dict[str, Any]]:
         c = self.recipe
@@ -232,11 +288,21 @@ class ClassifierRun(TrainingRun):
         train, valid = self.split(full)
         model, tokenizer = self.pretrained_classifier() if c.pretrained else self.new_classifier(train)
         task = ClassificationTask(tokenizer, train, valid, model.config, c.batch_size)
-        return model, task, {"parameters": model.num_parameters(), "train_examples": len(train),
-                             "valid_examples": len(valid), "skipped": full.skipped, "seconds_prepare": self.seconds()}
+        return (
+            model,
+            task,
+            {
+                "parameters": model.num_parameters(),
+                "train_examples": len(train),
+                "valid_examples": len(valid),
+                "skipped": full.skipped,
+                "seconds_prepare": self.seconds(),
+            },
+        )
 
     def split(self, full: LabelledTexts) -> tuple[LabelledTexts, LabelledTexts]:
-        """Training and validation texts: the valid_file's, or ``valid_size`` held out of the training file."""
+        """Training and validation texts: the valid_file's, or ``valid_size`` held out of the training
+        file."""
         c = self.recipe
         if c.valid_file:
             return full, self.load(c.valid_file, full.label_names)
@@ -248,10 +314,15 @@ class ClassifierRun(TrainingRun):
     def pretrained_classifier(self) -> tuple[TextClassifier, TextTokenizer]:
         """A class head on the pretrained encoder, with the encoder's tokenizer."""
         c = self.recipe
-        model = TextClassifier.from_pretrained_encoder(c.pretrained, len(self.label_names), c.pooling, c.head_dropout,
-                                                       **c.model)
-        tokenizer = TextTokenizer.from_file(Path(c.pretrained) / "tokenizer.json", min(c.max_length, model.config.encoder.max_len),
-                                            truncation=c.truncation, head_length=c.head_length)
+        model = TextClassifier.from_pretrained_encoder(
+            c.pretrained, len(self.label_names), c.pooling, c.head_dropout, **c.model
+        )
+        tokenizer = TextTokenizer.from_file(
+            Path(c.pretrained) / "tokenizer.json",
+            min(c.max_length, model.config.encoder.max_len),
+            truncation=c.truncation,
+            head_length=c.head_length,
+        )
         optimize(model)
         return model, tokenizer
 
@@ -259,23 +330,32 @@ class ClassifierRun(TrainingRun):
         """A new classifier, with WordPiece trained on the training texts (or the recipe's tokenizer file)."""
         c, resume = self.recipe, self.resume
 
-        # WordPiece training is not deterministic across processes (docs/guides/training.md): every rank takes rank 0's,
-        # and a resumed run the one its weights were trained with.
+        # WordPiece training is not deterministic across processes (docs/guides/training.md): every rank
+        # takes rank 0's, and a resumed run the one its weights were trained with.
         def wordpiece() -> Tokenizer:  # on rank 0 (the checkpoints are its files), sent to the others
             if resume:
                 saved = resolve_checkpoint(self.out / "last")
                 labels = load_config(saved).get("labels")
                 if labels != self.label_names:
-                    raise ValueError(f"--resume: {saved} was trained with labels {labels}, "
-                                     f"the data now gives {self.label_names}")
+                    raise ValueError(
+                        f"--resume: {saved} was trained with labels {labels}, "
+                        f"the data now gives {self.label_names}"
+                    )
                 return read_tokenizer(saved / "tokenizer.json")
             given = resolve_data_path(c.tokenizer, self.data_dir)
             return read_tokenizer(given) if given else train_wordpiece(train.texts, c.vocab_size, c.lowercase)
 
-        tokenizer = TextTokenizer(distributed.on_main(wordpiece), c.max_length, truncation=c.truncation,
-                                  head_length=c.head_length)
-        encoder = EncoderConfig(**{"max_len": c.max_length, **c.model, "vocab_size": tokenizer.vocab_size,
-                                   "pad_id": tokenizer.pad_id})
+        tokenizer = TextTokenizer(
+            distributed.on_main(wordpiece), c.max_length, truncation=c.truncation, head_length=c.head_length
+        )
+        encoder = EncoderConfig(
+            **{
+                "max_len": c.max_length,
+                **c.model,
+                "vocab_size": tokenizer.vocab_size,
+                "pad_id": tokenizer.pad_id,
+            }
+        )
         config = ClassifierConfig(encoder, len(self.label_names), c.pooling, c.head_dropout)
         return self.new_model(lambda: TextClassifier(config)), tokenizer
 
@@ -289,7 +369,9 @@ class ClassifierRun(TrainingRun):
             report["test_skipped"] = test.skipped
 
 
-def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False) -> dict[str, Any]:
+def train_classifier(
+    recipe: ClassifierRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False
+) -> dict[str, Any]:
     """Run a recipe: tokenizer, model, training, then the best checkpoint on the test file.
 
     Returns (and writes to ``out_dir/report.json``) sizes, timings, validation and test metrics.
@@ -303,10 +385,14 @@ def train_classifier(recipe: ClassifierRecipe, data_dir: str | Path = DEFAULT_DA
 class LoadedClassifier:
     """A trained classifier checkpoint, ready to predict and evaluate."""
 
-    def __init__(self, model: TextClassifier, tokenizer: TextTokenizer, label_names: list[str], device: torch.device):
+    def __init__(
+        self, model: TextClassifier, tokenizer: TextTokenizer, label_names: list[str], device: torch.device
+    ):
         self.model, self.tokenizer, self.label_names, self.device = model, tokenizer, label_names, device
 
-    def predict(self, texts: Sequence[str], batch_size: int = 64, precision: str = "fp32") -> list[tuple[str, float]]:
+    def predict(
+        self, texts: Sequence[str], batch_size: int = 64, precision: str = "fp32"
+    ) -> list[tuple[str, float]]:
         """(label, probability) for each text."""
         probs = self.probabilities(texts, batch_size, precision)
         return [(self.label_names[int(i)], float(p)) for p, i in zip(*probs.max(dim=-1))]
@@ -314,11 +400,15 @@ class LoadedClassifier:
     def probabilities(self, texts: Sequence[str], batch_size: int = 64, precision: str = "fp32") -> Tensor:
         dtype = torch.bfloat16 if precision == "bf16" else None
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            return predict_proba(self.model, self.tokenizer, self.tokenizer.encode(texts), batch_size, self.device)
+            return predict_proba(
+                self.model, self.tokenizer, self.tokenizer.encode(texts), batch_size, self.device
+            )
 
     def evaluate(self, data: LabelledTexts, batch_size: int = 64, precision: str = "fp32") -> dict[str, Any]:
         if list(data.label_names) != self.label_names:
-            raise ValueError(f"the data's classes {data.label_names} differ from the model's {self.label_names}")
+            raise ValueError(
+                f"the data's classes {data.label_names} differ from the model's {self.label_names}"
+            )
         predicted = self.probabilities(data.texts, batch_size, precision).argmax(-1).tolist()
         return classification_metrics(data.labels, predicted, self.label_names)
 
@@ -328,9 +418,14 @@ class LoadedClassifier:
         the class head, which ``BertForSequenceClassification`` cannot express (it classifies
         tanh(pooler([CLS]))), go to ``classifier_head.safetensors`` with the labels in config.json."""
         if format != "hf":
-            raise ValueError(f"format: only 'hf' (a Hugging Face BERT directory) is supported, got {format!r}")
+            raise ValueError(
+                f"format: only 'hf' (a Hugging Face BERT directory) is supported, got {format!r}"
+            )
         hf_config, state = bert_export(self.model.encoder)
-        hf_config |= {"id2label": dict(enumerate(self.label_names)), "scratchformer_pooling": self.model.config.pooling}
+        hf_config |= {
+            "id2label": dict(enumerate(self.label_names)),
+            "scratchformer_pooling": self.model.config.pooling,
+        }
         head = {k: v.detach().float().cpu().contiguous() for k, v in self.model.head.state_dict().items()}
 
         def files(tmp: Path) -> None:
@@ -346,17 +441,26 @@ def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassi
     model_config = ClassifierConfig.from_dict(config["model"])
     settings, labels = config["tokenizer"], list(config["labels"])
     try:
-        tokenizer = TextTokenizer.from_file(directory / "tokenizer.json", settings["max_length"], settings["pad_token"],
-                                            truncation=settings["truncation"], head_length=settings["head_length"])
+        tokenizer = TextTokenizer.from_file(
+            directory / "tokenizer.json",
+            settings["max_length"],
+            settings["pad_token"],
+            truncation=settings["truncation"],
+            head_length=settings["head_length"],
+        )
     except ValueError as e:
         raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model ({e})") from None
     encoder = model_config.encoder
     if tokenizer.vocab_size != encoder.vocab_size or tokenizer.pad_id != encoder.pad_id:
-        raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.vocab_size} tokens, "
-                         f"pad id {tokenizer.pad_id}; the model has {encoder.vocab_size} tokens, pad id {encoder.pad_id}")
+        raise ValueError(
+            f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.vocab_size} tokens, "
+            f"pad id {tokenizer.pad_id}; the model has {encoder.vocab_size} tokens, pad id {encoder.pad_id}"
+        )
     if len(labels) != model_config.num_classes or len(set(labels)) != len(labels):
-        raise ValueError(f"{directory / 'config.json'}: labels {labels} do not match the model's "
-                         f"{model_config.num_classes} classes")
+        raise ValueError(
+            f"{directory / 'config.json'}: labels {labels} do not match the model's "
+            f"{model_config.num_classes} classes"
+        )
     model = optimize(load_checked(directory, lambda: TextClassifier(model_config)))
     dev = resolve_device(device)
     return LoadedClassifier(model.to(dev).eval(), tokenizer, labels, dev)

@@ -23,8 +23,18 @@ from scratchformer.fast import optimize
 from scratchformer.training import Trainer, TrainingTask, TrainResult, check_run, distributed
 from scratchformer.training.recipe import resolve_data_path
 
-__all__ = ["Generated", "TrainingRun", "check_batch", "check_decoding", "check_files", "check_model_fields",
-           "check_range", "label_smoothed_loss", "pad_ids", "stopped_early"]
+__all__ = [
+    "Generated",
+    "TrainingRun",
+    "check_batch",
+    "check_decoding",
+    "check_files",
+    "check_model_fields",
+    "check_range",
+    "label_smoothed_loss",
+    "pad_ids",
+    "stopped_early",
+]
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -95,7 +105,11 @@ class TrainingRun:
         self.config.keep_checkpoints = max(self.config.keep_checkpoints, self.average_last)
         self.trainer = Trainer(model, task, self.config)
         self.result = self.trainer.fit(resume=self.resume)
-        return {"seconds_train": self.result.seconds, "best_valid": self.result.best, **stopped_early(self.result)}
+        return {
+            "seconds_train": self.result.seconds,
+            "best_valid": self.result.best,
+            **stopped_early(self.result),
+        }
 
     def choose_checkpoint(self, report: dict[str, Any]) -> Path:
         """The checkpoint to test: ``best``, or ``averaged`` (the mean of the last ``average_last``
@@ -120,10 +134,14 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id
     eps spread uniformly over the vocabulary (PyTorch's ``label_smoothing``); padding positions
     contribute nothing.
     """
-    return F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=smoothing)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=smoothing
+    )
 
 
-def pad_ids(sequences: Sequence[Sequence[int]], device: torch.device | str = "cpu", pad_id: int = 0) -> Tensor:
+def pad_ids(
+    sequences: Sequence[Sequence[int]], device: torch.device | str = "cpu", pad_id: int = 0
+) -> Tensor:
     """Token id lists of different lengths -> (B, L_max) long tensor, right-padded with ``pad_id``."""
     out = torch.full((len(sequences), max(len(s) for s in sequences)), pad_id, dtype=torch.long)
     for i, s in enumerate(sequences):
@@ -152,8 +170,14 @@ def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = tuple(DE
         raise ValueError(f"decoding: unknown keys {unknown} (expected some of {list(allowed)})")
     for key, value in decoding.items():
         integer = DECODING_KEYS[key] is int
-        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not math.isfinite(value):
-            raise ValueError(f"decoding.{key}: expected a finite {'integer' if integer else 'number'}, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int if integer else (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ValueError(
+                f"decoding.{key}: expected a finite {'integer' if integer else 'number'}, got {value!r}"
+            )
         low = {"beam_size": 1, "max_len_a": 0, "max_len_b": 0}.get(key)
         if low is not None and value < low:
             raise ValueError(f"decoding.{key} must be >= {low}, got {value!r}")
@@ -204,7 +228,8 @@ def check_model_fields(config_cls: type, fields: dict[str, Any], **filled: Any) 
 @dataclass
 class Generated:
     """One output of a translator or captioner: its ``text``, ``tokens`` (without BOS and EOS), the
-    summed ``log_prob`` and the length-normalised ``score`` (see :func:`~scratchformer.generation.generate`)."""
+    summed ``log_prob`` and the length-normalised ``score`` (see
+    :func:`~scratchformer.generation.generate`)."""
 
     text: str
     tokens: list[int]

@@ -17,13 +17,20 @@ from torch import Tensor
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.fast import optimize
 from scratchformer.generation import greedy_decode
-from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.tools.attention_maps import record_attention
 
-__all__ = ["DemoAttention", "DemoConfig", "DemoResult", "demo_attention", "make_batch", "plot_demo_attention",
-           "run_demo"]
+__all__ = [
+    "DemoAttention",
+    "DemoConfig",
+    "DemoResult",
+    "demo_attention",
+    "make_batch",
+    "plot_demo_attention",
+    "run_demo",
+]
 
 PAD, BOS, EOS, FIRST_DIGIT = 0, 1, 2, 3
 VOCAB_SIZE = FIRST_DIGIT + 10
@@ -97,11 +104,14 @@ class DemoAttention:
 
     @property
     def title(self) -> str:
-        lines = [f"cross-attention, decoder layer {self.layer} (mean of {self.heads} heads)",
-                 f"{self.task} {self.source} -> {self.target}"]
+        lines = [
+            f"cross-attention, decoder layer {self.layer} (mean of {self.heads} heads)",
+            f"{self.task} {self.source} -> {self.target}",
+        ]
         if self.mirror_mass is not None:
-            lines.append(f"mean {self.mirror_mass:.0%} of each output digit's attention on its mirrored "
-                         "source digit")
+            lines.append(
+                f"mean {self.mirror_mass:.0%} of each output digit's attention on its mirrored source digit"
+            )
         return "\n".join(lines)
 
 

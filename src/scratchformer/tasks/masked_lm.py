@@ -40,10 +40,24 @@ from scratchformer.training import TrainConfig, distributed
 from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
-__all__ = ["MLMRecipe", "MLMRun", "MaskedLMTask", "Sequences", "export_masked_lm", "load_masked_lm", "pretrain_mlm"]
+__all__ = [
+    "MLMRecipe",
+    "MLMRun",
+    "MaskedLMTask",
+    "Sequences",
+    "export_masked_lm",
+    "load_masked_lm",
+    "pretrain_mlm",
+]
 
-BERT_MODEL = {"activation": "gelu", "norm_first": False, "positional": "learned", "embedding_norm": True,
-              "scale_embedding": False, "layer_norm_eps": 1e-12}  # the model section's defaults: BERT's choices
+BERT_MODEL = {
+    "activation": "gelu",
+    "norm_first": False,
+    "positional": "learned",
+    "embedding_norm": True,
+    "scale_embedding": False,
+    "layer_norm_eps": 1e-12,
+}  # the model section's defaults: BERT's choices
 VALID_SEED = 1_234_567  # the held-out slice's masking (the same at every evaluation)
 
 
@@ -86,9 +100,21 @@ class Sequences:
 class MaskedLMTask:
     """The MLM :class:`~scratchformer.training.TrainingTask`: cross-entropy at the chosen positions."""
 
-    def __init__(self, tokenizer: Tokenizer, train: Sequences, valid: Sequences, model_config: EncoderConfig,
-                 recipe: MLMRecipe):
-        self.tokenizer, self.train, self.valid, self.model_config, self.recipe = tokenizer, train, valid, model_config, recipe
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        train: Sequences,
+        valid: Sequences,
+        model_config: EncoderConfig,
+        recipe: MLMRecipe,
+    ):
+        self.tokenizer, self.train, self.valid, self.model_config, self.recipe = (
+            tokenizer,
+            train,
+            valid,
+            model_config,
+            recipe,
+        )
         vocabulary = tokenizer.get_vocab()
         special = {vocabulary[t] for t in SPECIAL_TOKENS if t in vocabulary}
         self.pad_id, self.mask_id = vocabulary["[PAD]"], vocabulary["[MASK]"]
@@ -97,23 +123,37 @@ class MaskedLMTask:
         self.special[sorted(special)] = True  # also where a text spells "[SEP]": never a target
         self.continuation = continuation_table(vocabulary) if recipe.whole_word else None
 
-    def _corrupt(self, sequences: Sequences, index: list[int], seed: int, device: torch.device
-                 ) -> tuple[Tensor, Tensor, Tensor]:
-        """A batch of ``sequences`` masked from ``seed``: inputs (B, L), padding_mask (B, L), targets (B, L)."""
+    def _corrupt(
+        self, sequences: Sequences, index: list[int], seed: int, device: torch.device
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """A batch of ``sequences`` masked from ``seed``: inputs (B, L), padding_mask (B, L),
+        targets (B, L)."""
         ids, real, maskable = sequences.batch(index, self.pad_id)
         r = self.recipe
         whole_words = None if self.continuation is None else self.continuation[ids]
-        inputs, targets = mask_tokens(ids, maskable & ~self.special[ids], self.mask_id, self.replacements,
-                                      torch.Generator().manual_seed(seed), r.mask_rate, r.mask_fraction,
-                                      r.random_fraction, whole_words)
+        inputs, targets = mask_tokens(
+            ids,
+            maskable & ~self.special[ids],
+            self.mask_id,
+            self.replacements,
+            torch.Generator().manual_seed(seed),
+            r.mask_rate,
+            r.mask_fraction,
+            r.random_fraction,
+            whole_words,
+        )
         return inputs.to(device), real.to(device), targets.to(device)
 
     def batches(self, epoch: int, seed: int) -> list[tuple[int, list[int]]]:
         """(masking seed, sequence indices) per batch of at most ``max_tokens`` padded tokens."""
-        batches = length_bucketed_batches(self.train.lengths, max_tokens=self.recipe.max_tokens, seed=seed, epoch=epoch)
+        batches = length_bucketed_batches(
+            self.train.lengths, max_tokens=self.recipe.max_tokens, seed=seed, epoch=epoch
+        )
         return [(((seed * 1_000_003 + epoch) * 1_000_003 + i) % 2**63, b) for i, b in enumerate(batches)]
 
-    def loss(self, model: nn.Module, batch: tuple[int, list[int]], device: torch.device) -> tuple[Tensor, int]:
+    def loss(
+        self, model: nn.Module, batch: tuple[int, list[int]], device: torch.device
+    ) -> tuple[Tensor, int]:
         """Mean cross-entropy over the chosen positions; the items are the batch's real tokens."""
         inputs, real, targets = self._corrupt(self.train, batch[1], batch[0], device)
         chosen = targets != IGNORE
@@ -125,7 +165,9 @@ class MaskedLMTask:
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Masked-token loss (nats), accuracy and perplexity on the held-out sequences."""
         total, correct, count = 0.0, 0, 0
-        batches = length_bucketed_batches(self.valid.lengths, max_tokens=self.recipe.max_tokens, shuffle=False)
+        batches = length_bucketed_batches(
+            self.valid.lengths, max_tokens=self.recipe.max_tokens, shuffle=False
+        )
         for i, index in enumerate(batches):
             inputs, real, targets = self._corrupt(self.valid, index, VALID_SEED + i, device)
             chosen = targets != IGNORE
@@ -138,9 +180,17 @@ class MaskedLMTask:
 
     def checkpoint_config(self) -> dict[str, Any]:
         r = self.recipe
-        return {"kind": "masked_lm", "model": self.model_config.to_dict(), "max_length": r.max_length,
-                "masking": {"rate": r.mask_rate, "mask_fraction": r.mask_fraction,
-                            "random_fraction": r.random_fraction, "whole_word": r.whole_word}}
+        return {
+            "kind": "masked_lm",
+            "model": self.model_config.to_dict(),
+            "max_length": r.max_length,
+            "masking": {
+                "rate": r.mask_rate,
+                "mask_fraction": r.mask_fraction,
+                "random_fraction": r.random_fraction,
+                "whole_word": r.whole_word,
+            },
+        }
 
     def save_files(self, directory: Path) -> None:
         self.tokenizer.save(str(directory / "tokenizer.json"))
@@ -185,15 +235,21 @@ class MLMRecipe(Recipe):
             raise ValueError(f"train_files: expected a non-empty list of paths, got {self.train_files!r}")
         check_range(self, {"valid_size": 1, "vocab_size": 8, "max_length": 3, "max_tokens": 1})
         if self.max_tokens < self.max_length:
-            raise ValueError(f"max_tokens={self.max_tokens} must hold one sequence of max_length={self.max_length}")
+            raise ValueError(
+                f"max_tokens={self.max_tokens} must hold one sequence of max_length={self.max_length}"
+            )
         check_masking(self.mask_rate, self.mask_fraction, self.random_fraction)
         check_model_fields(EncoderConfig, self.model_fields(), vocab_size=self.vocab_size, pad_id=0)
         if self.model_fields()["max_len"] < self.max_length:
-            raise ValueError(f"model.max_len={self.model_fields()['max_len']} is shorter than max_length={self.max_length}")
+            raise ValueError(
+                f"model.max_len={self.model_fields()['max_len']} is shorter than max_length={self.max_length}"
+            )
         problems = bert_problems(EncoderConfig(**self.model_fields(), vocab_size=self.vocab_size, pad_id=0))
         if problems:
-            raise ValueError("model: the pretrained encoder is written as a BERT checkpoint, which cannot express "
-                             + "; ".join(problems))
+            raise ValueError(
+                "model: the pretrained encoder is written as a BERT checkpoint, which cannot express "
+                + "; ".join(problems)
+            )
 
     def model_fields(self) -> dict[str, Any]:
         return {**BERT_MODEL, "max_len": self.max_length, **self.model}
@@ -211,7 +267,9 @@ class MLMRun(TrainingRun):
         if missing:
             raise FileNotFoundError(f"train_files not found: {', '.join(missing)}")
         given = resolve_data_path(c.tokenizer, self.data_dir)
-        self.given_tokenizer = _check_tokenizer(read_tokenizer(given), given) if given and not self.resume else None
+        self.given_tokenizer = (
+            _check_tokenizer(read_tokenizer(given), given) if given and not self.resume else None
+        )
 
     def setup(self) -> tuple[MaskedLanguageModel, MaskedLMTask, dict[str, Any]]:
         c = self.recipe
@@ -230,23 +288,41 @@ class MLMRun(TrainingRun):
             return train_wordpiece(train_texts, c.vocab_size, c.lowercase)
 
         tokenizer = _check_tokenizer(distributed.on_main(wordpiece), "the tokenizer")
-        train, valid = Sequences(tokenizer, train_texts, c.max_length), Sequences(tokenizer, valid_texts, c.max_length)
-        config = EncoderConfig(**c.model_fields(), vocab_size=tokenizer.get_vocab_size(), pad_id=tokenizer.token_to_id("[PAD]"))
+        train, valid = (
+            Sequences(tokenizer, train_texts, c.max_length),
+            Sequences(tokenizer, valid_texts, c.max_length),
+        )
+        config = EncoderConfig(
+            **c.model_fields(), vocab_size=tokenizer.get_vocab_size(), pad_id=tokenizer.token_to_id("[PAD]")
+        )
         model = self.new_model(lambda: MaskedLanguageModel(config))
         task = MaskedLMTask(tokenizer, train, valid, config, c)
-        return model, task, {"parameters": model.num_parameters(), "texts": len(texts), "train_sequences": len(train),
-                             "train_tokens": int(sum(train.lengths)), "valid_sequences": len(valid),
-                             "seconds_prepare": self.seconds()}
+        return (
+            model,
+            task,
+            {
+                "parameters": model.num_parameters(),
+                "texts": len(texts),
+                "train_sequences": len(train),
+                "train_tokens": int(sum(train.lengths)),
+                "valid_sequences": len(valid),
+                "seconds_prepare": self.seconds(),
+            },
+        )
 
     def finish(self, report: dict[str, Any]) -> None:
         export = self.out / "encoder"
-        if export.exists():  # this run's own output (check_run refused an earlier run's); a resumed run writes it again
+        if (
+            export.exists()
+        ):  # this run's own output (check_run refused an earlier run's); a resumed run writes it again
             shutil.rmtree(export)
         export_masked_lm(self.out / "best", export)
         report["export"] = str(export)
 
 
-def pretrain_mlm(recipe: MLMRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False) -> dict[str, Any]:
+def pretrain_mlm(
+    recipe: MLMRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False
+) -> dict[str, Any]:
     """Run a recipe: read the texts, train WordPiece on them, pretrain, and export the best
     checkpoint as a BERT directory (``out_dir/encoder``). Returns (and writes to ``out_dir/report.json``)
     sizes, timings and the held-out masked-token metrics."""
@@ -266,10 +342,15 @@ def load_masked_lm(directory: str | Path) -> tuple[MaskedLanguageModel, Tokenize
     directory, config = open_checkpoint(directory, "masked_lm")
     model_config = EncoderConfig.from_dict(config["model"])
     tokenizer = read_tokenizer(directory / "tokenizer.json")
-    if tokenizer.get_vocab_size() != model_config.vocab_size or tokenizer.token_to_id("[PAD]") != model_config.pad_id:
-        raise ValueError(f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.get_vocab_size()} "
-                         f"tokens, [PAD] id {tokenizer.token_to_id('[PAD]')}; the model has {model_config.vocab_size} "
-                         f"tokens, pad id {model_config.pad_id}")
+    if (
+        tokenizer.get_vocab_size() != model_config.vocab_size
+        or tokenizer.token_to_id("[PAD]") != model_config.pad_id
+    ):
+        raise ValueError(
+            f"{directory / 'tokenizer.json'} does not belong to this model: {tokenizer.get_vocab_size()} "
+            f"tokens, [PAD] id {tokenizer.token_to_id('[PAD]')}; the model has {model_config.vocab_size} "
+            f"tokens, pad id {model_config.pad_id}"
+        )
     model = load_checked(directory, lambda: MaskedLanguageModel(model_config))
     return model.eval(), tokenizer, config
 
@@ -280,5 +361,6 @@ def export_masked_lm(checkpoint: str | Path, directory: str | Path) -> Path:
     model, tokenizer, config = load_masked_lm(checkpoint)
     hf_config, state = masked_lm_export(model)
     max_length = int(config.get("max_length", model.config.max_len))
-    return write_export(directory, hf_config, state,
-                        lambda tmp: save_hf_tokenizer(tokenizer, tmp, max_length=max_length))
+    return write_export(
+        directory, hf_config, state, lambda tmp: save_hf_tokenizer(tokenizer, tmp, max_length=max_length)
+    )

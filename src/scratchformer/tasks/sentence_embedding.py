@@ -28,22 +28,30 @@ def _modules(directory: Path) -> dict[str, Path | None]:
     if not path.is_file():
         return {"Transformer": directory, "Pooling": None}
     listing = read_json(path, list)
-    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else "?" for module in listing]
+    kinds = [
+        str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else "?"
+        for module in listing
+    ]
     if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-        raise CheckpointError(f"{path}: modules {kinds} are not supported (Transformer, Pooling, optionally Normalize)")
+        raise CheckpointError(
+            f"{path}: modules {kinds} are not supported (Transformer, Pooling, optionally Normalize)"
+        )
     return {kind: directory / module.get("path", "") for kind, module in zip(kinds, listing)}
 
 
 def _pooling_mode(folder: Path | None) -> str:
-    """"mean" or "cls" from a Pooling module's config.json: ``pooling_mode`` (a name or a list;
+    """ "mean" or "cls" from a Pooling module's config.json: ``pooling_mode`` (a name or a list;
     sentence-transformers 5 on) or the older ``pooling_mode_*`` flags; no config: mean."""
     path = folder / "config.json" if folder is not None else None
     cfg = read_json(path) if path is not None and path.is_file() else {}
     if "pooling_mode" in cfg:
         modes = cfg["pooling_mode"]
     elif any(key.startswith("pooling_mode_") for key in cfg):
-        modes = [key.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
-                 for key, on in cfg.items() if key.startswith("pooling_mode_") and on is True]
+        modes = [
+            key.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+            for key, on in cfg.items()
+            if key.startswith("pooling_mode_") and on is True
+        ]
     else:
         modes = ["mean"]
     modes = [modes] if isinstance(modes, str) else list(modes)
@@ -56,7 +64,10 @@ def _max_length(folder: Path, encoder: ContextualEncoder) -> int:
     """Tokens per text as sentence-transformers takes them: sentence_bert_config.json's
     ``max_seq_length``, else tokenizer_config.json's ``model_max_length``, within the positions."""
     limit = None
-    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+    for name, key in (
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+    ):
         if limit is None and (folder / name).is_file():
             limit = read_json(folder / name).get(key)
     return min(encoder.config.max_len, int(limit)) if limit is not None else encoder.config.max_len
@@ -93,8 +104,9 @@ class SentenceEncoder:
         modules = _modules(Path(directory))
         folder = modules["Transformer"]
         encoder = load_bert_encoder(folder)
-        tokenizer = TextTokenizer.from_file(require_file(folder / "tokenizer.json", "tokenizer.json"),
-                                            _max_length(folder, encoder))
+        tokenizer = TextTokenizer.from_file(
+            require_file(folder / "tokenizer.json", "tokenizer.json"), _max_length(folder, encoder)
+        )
         return cls(encoder, tokenizer, _pooling_mode(modules["Pooling"]), "Normalize" in modules, device)
 
     @property

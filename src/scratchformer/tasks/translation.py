@@ -1,9 +1,9 @@
 """Machine translation end to end: parallel text -> joint BPE -> Transformer -> beam search -> sacreBLEU.
 
-    recipe = TranslationRecipe.from_json("recipes/multi30k_de_en.json")
-    report = train_translation(recipe)          # trains, then scores the test set with beam search
-    translator = load_translator("runs/multi30k/best")
-    translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+recipe = TranslationRecipe.from_json("recipes/multi30k_de_en.json")
+report = train_translation(recipe)          # trains, then scores the test set with beam search
+translator = load_translator("runs/multi30k/best")
+translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
 """
 
 from __future__ import annotations
@@ -89,8 +89,14 @@ class Translator:
     (our recipes) or a :class:`~scratchformer.data.marian_tokenizer.MarianTokenizer`; ``special_ids``:
     pad / bos (the decoder's first token) / eos, by default our tokenizers' 0 / 1 / 2."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer | MarianTokenizer, decoding: dict[str, Any],
-                 device: torch.device, special_ids: dict[str, int] | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer | MarianTokenizer,
+        decoding: dict[str, Any],
+        device: torch.device,
+        special_ids: dict[str, int] | None = None,
+    ):
         self.model, self.tokenizer, self.decoding, self.device = model.eval(), tokenizer, decoding, device
         self.special_ids = special_ids or {"pad": PAD, "bos": BOS, "eos": EOS}
         self.pad, self.bos, self.eos = (self.special_ids[k] for k in ("pad", "bos", "eos"))
@@ -102,12 +108,22 @@ class Translator:
     def generation_config(self, beam_size: int | None = None, **options: Any) -> GenerationConfig:
         """The recipe's ``decoding`` section (beam 5 if it names none) and this model's special ids as
         a :class:`GenerationConfig`, with ``beam_size`` and ``options`` on top (None: keep)."""
-        return GenerationConfig.from_decoding({"beam_size": 5, **self.decoding}, decoder_start_token_id=self.bos,
-                                              eos_token_id=self.eos, **{"num_beams": beam_size, **options})
+        return GenerationConfig.from_decoding(
+            {"beam_size": 5, **self.decoding},
+            decoder_start_token_id=self.bos,
+            eos_token_id=self.eos,
+            **{"num_beams": beam_size, **options},
+        )
 
     @torch.no_grad()
-    def generate(self, texts: Sequence[str], config: GenerationConfig | None = None, prefix: str | None = None,
-                 seed: int | None = None, batch_size: int = 64) -> list[list[Generated]]:
+    def generate(
+        self,
+        texts: Sequence[str],
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        batch_size: int = 64,
+    ) -> list[list[Generated]]:
         """``config.num_return_sequences`` translations of each text (batched by length; in input
         order): the n best of the beam, or n samples. ``prefix``: every translation starts with it
         (its tokens are forced). ``seed``: reproducible samples (see :func:`generate`)."""
@@ -124,22 +140,37 @@ class Translator:
             index = order[start : start + batch_size]
             src = pad_ids([sources[i] for i in index], self.device, self.pad)
             for i, hyps in zip(index, generate(self.model, src, config, prefix_ids, seed)):
-                out[i] = [Generated(self.tokenizer.decode(h.tokens[:-1]), h.tokens[:-1], h.log_prob, h.score)
-                          for h in hyps]
+                out[i] = [
+                    Generated(self.tokenizer.decode(h.tokens[:-1]), h.tokens[:-1], h.log_prob, h.score)
+                    for h in hyps
+                ]
         return out
 
-    def translate(self, texts: Sequence[str], beam_size: int | None = None, batch_size: int = 64,
-                  config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
-                  ) -> list[str]:
+    def translate(
+        self,
+        texts: Sequence[str],
+        beam_size: int | None = None,
+        batch_size: int = 64,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+    ) -> list[str]:
         """Translate ``texts`` (batched by length; output in input order). beam_size 1 = greedy;
         ``config`` (a :class:`GenerationConfig`) instead of the recipe's decoding settings; ``prefix``
         and ``seed`` as in :meth:`generate`."""
         config = config or self.generation_config(beam_size)
         return [n[0].text for n in self.generate(texts, config, prefix, seed, batch_size)]
 
-    def evaluate(self, sources: Sequence[str], references: Sequence[str], beam_size: int | None = None,
-                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None,
-                 batch_size: int = 64) -> dict[str, Any]:
+    def evaluate(
+        self,
+        sources: Sequence[str],
+        references: Sequence[str],
+        beam_size: int | None = None,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        batch_size: int = 64,
+    ) -> dict[str, Any]:
         hypotheses = self.translate(sources, beam_size, batch_size, config, prefix, seed)
         return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
 
@@ -150,7 +181,9 @@ class Translator:
         sentencepiece files are copied). Raises ``ValueError`` naming every option of the model that
         Marian cannot express."""
         if format != "hf":
-            raise ValueError(f"format: only 'hf' (a Hugging Face Marian directory) is supported, got {format!r}")
+            raise ValueError(
+                f"format: only 'hf' (a Hugging Face Marian directory) is supported, got {format!r}"
+            )
         hf_config, state, generation = marian_export(self.model, self.special_ids, self.decoding)
         tokenizer = self.tokenizer
 
@@ -168,8 +201,17 @@ class TranslationTask:
     """The translation :class:`~scratchformer.training.TrainingTask`: label-smoothed cross-entropy,
     batches by token count, validation loss and greedy BLEU."""
 
-    def __init__(self, tokenizer: Tokenizer, train: ParallelTexts, valid: ParallelTexts, model_config: TransformerConfig,
-                 max_tokens: int, label_smoothing: float, max_length: int, decoding: dict[str, Any]):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        train: ParallelTexts,
+        valid: ParallelTexts,
+        model_config: TransformerConfig,
+        max_tokens: int,
+        label_smoothing: float,
+        max_length: int,
+        decoding: dict[str, Any],
+    ):
         self.tokenizer, self.model_config, self.decoding = tokenizer, model_config, decoding
         self.max_tokens, self.label_smoothing = max_tokens, label_smoothing
         src, tgt = _encode(tokenizer, train.sources), _encode(tokenizer, train.targets)
@@ -195,7 +237,9 @@ class TranslationTask:
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         translator = Translator(model, self.tokenizer, self.decoding, device)  # type: ignore[arg-type]
         src = translator.encode_sources(self.valid.sources)
-        limit = self.model_config.max_len - 1  # room for BOS / EOS; the loss of longer references is cut there
+        limit = (
+            self.model_config.max_len - 1
+        )  # room for BOS / EOS; the loss of longer references is cut there
         tgt = [t[:limit] for t in _encode(self.tokenizer, self.valid.targets)]  # (BLEU scores them whole)
         total, tokens = 0.0, 0
         for start in range(0, len(src), 64):
@@ -203,14 +247,20 @@ class TranslationTask:
             tgt_out = pad_ids([x + [EOS] for x in t], device)
             logits = model(pad_ids(s, device), pad_ids([[BOS] + x for x in t], device))
             n = int((tgt_out != PAD).sum())
-            total += F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum").item()
+            total += F.cross_entropy(
+                logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"
+            ).item()
             tokens += n
         scores = bleu_and_chrf(translator.translate(self.valid.sources, beam_size=1), self.valid.targets)
         return {"loss": total / tokens, "bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     def checkpoint_config(self) -> dict[str, Any]:
-        return {"kind": "translation", "model": self.model_config.to_dict(), "decoding": self.decoding,
-                "special_ids": {"pad": PAD, "bos": BOS, "eos": EOS}}
+        return {
+            "kind": "translation",
+            "model": self.model_config.to_dict(),
+            "decoding": self.decoding,
+            "special_ids": {"pad": PAD, "bos": BOS, "eos": EOS},
+        }
 
     def save_files(self, directory: Path) -> None:
         self.tokenizer.save(str(directory / "tokenizer.json"))
@@ -238,19 +288,29 @@ class TranslationRecipe(Recipe):
     tokenizer: str | None = None  # a tokenizer.json (joint BPE) to use instead of training one
     model: dict[str, Any] = field(default_factory=dict)  # TransformerConfig fields (vocabulary from the
     # tokenizer)
-    decoding: dict[str, Any] = field(default_factory=lambda: {  # the checkpoint's decoding (the test set,
-        "beam_size": 5, "length_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10})  # ``translate``):
+    decoding: dict[str, Any] = field(
+        default_factory=lambda: {  # the checkpoint's decoding (the test set,
+            "beam_size": 5,
+            "length_penalty": 1.0,
+            "max_len_a": 1.2,
+            "max_len_b": 10,
+        }
+    )  # ``translate``):
     # DecodingOptions
     train: TrainConfig = field(default_factory=TrainConfig)  # how to train: TrainConfig's fields
 
     METRICS = ("loss", "bleu", "chrf")
 
     def validate(self) -> None:
-        check_range(self, {"vocab_size": 8, "max_length": 2, "max_tokens": 1, "average_last": 0}, ("label_smoothing",))
+        check_range(
+            self, {"vocab_size": 8, "max_length": 2, "max_tokens": 1, "average_last": 0}, ("label_smoothing",)
+        )
         check_decoding(self.decoding)
         if bool(self.test_source) != bool(self.test_target):
-            raise ValueError(f"test_source and test_target: give both or neither, got {self.test_source!r} and "
-                             f"{self.test_target!r}")
+            raise ValueError(
+                f"test_source and test_target: give both or neither, got {self.test_source!r} and "
+                f"{self.test_target!r}"
+            )
         if not isinstance(self.decoding_grid, dict):
             raise ValueError(f"decoding_grid: expected an object of lists, got {self.decoding_grid!r}")
         for key, values in self.decoding_grid.items():
@@ -258,11 +318,18 @@ class TranslationRecipe(Recipe):
                 raise ValueError(f"decoding_grid.{key}: expected a non-empty list of values, got {values!r}")
         for options in _combinations(self.decoding_grid):
             check_decoding({**self.decoding, **options})
-        check_model_fields(TransformerConfig, {"max_len": 256, **self.model}, src_vocab_size=self.vocab_size,
-                           tgt_vocab_size=self.vocab_size, pad_id=PAD)
+        check_model_fields(
+            TransformerConfig,
+            {"max_len": 256, **self.model},
+            src_vocab_size=self.vocab_size,
+            tgt_vocab_size=self.vocab_size,
+            pad_id=PAD,
+        )
         max_len = {"max_len": 256, **self.model}["max_len"]
         if self.max_length > max_len:
-            raise ValueError(f"max_length={self.max_length} tokens per side exceeds the model's max_len={max_len}")
+            raise ValueError(
+                f"max_length={self.max_length} tokens per side exceeds the model's max_len={max_len}"
+            )
 
 
 class TranslationRun(TrainingRun):
@@ -270,7 +337,9 @@ class TranslationRun(TrainingRun):
     texts, a joint BPE and a Transformer; then the chosen checkpoint (best, or the average of the last
     ``average_last``), its decoding chosen on the validation set (``decoding_grid``), on the test set."""
 
-    def __init__(self, recipe: TranslationRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False):
+    def __init__(
+        self, recipe: TranslationRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False
+    ):
         super().__init__(recipe, data_dir, resume)
         self.average_last = recipe.average_last
 
@@ -278,24 +347,38 @@ class TranslationRun(TrainingRun):
         r = self.recipe
 
         def check_inputs() -> None:  # rank 0 reads them all
-            check_files(self.data_dir, train_source=r.train_source, train_target=r.train_target,
-                        valid_source=r.valid_source, valid_target=r.valid_target, test_source=r.test_source,
-                        test_target=r.test_target)
+            check_files(
+                self.data_dir,
+                train_source=r.train_source,
+                train_target=r.train_target,
+                valid_source=r.valid_source,
+                valid_target=r.valid_target,
+                test_source=r.test_source,
+                test_target=r.test_target,
+            )
             # a resumed run reads its own tokenizer
             check_files(self.data_dir, "tokenizer", tokenizer=None if self.resume else r.tokenizer)
 
         distributed.on_main(check_inputs)
 
     def load_pair(self, source: str | None, target: str | None) -> ParallelTexts:
-        return load_parallel_texts(resolve_data_path(source, self.data_dir), resolve_data_path(target, self.data_dir))  # type: ignore[arg-type]
+        return load_parallel_texts(
+            resolve_data_path(source, self.data_dir), resolve_data_path(target, self.data_dir)
+        )  # type: ignore[arg-type]
 
     def setup(self) -> tuple[Transformer, TranslationTask, dict[str, Any]]:
         r = self.recipe
-        train, self.valid = self.load_pair(r.train_source, r.train_target), self.load_pair(r.valid_source, r.valid_target)
+        train, self.valid = (
+            self.load_pair(r.train_source, r.train_target),
+            self.load_pair(r.valid_source, r.valid_target),
+        )
 
         def bpe() -> Tokenizer:  # on rank 0 (the checkpoints are its files); one BPE for all ranks
-            given = (resolve_checkpoint(self.out / "last") / "tokenizer.json" if self.resume  # its own BPE
-                     else resolve_data_path(r.tokenizer, self.data_dir))
+            given = (
+                resolve_checkpoint(self.out / "last") / "tokenizer.json"
+                if self.resume  # its own BPE
+                else resolve_data_path(r.tokenizer, self.data_dir)
+            )
             if not given:
                 return train_bpe(train.sources + train.targets, r.vocab_size)
             tokenizer = read_tokenizer(given)
@@ -303,21 +386,38 @@ class TranslationRun(TrainingRun):
             return tokenizer
 
         tokenizer = distributed.on_main(bpe)
-        config = TransformerConfig(**{"max_len": 256, **r.model, "src_vocab_size": tokenizer.get_vocab_size(),
-                                      "tgt_vocab_size": tokenizer.get_vocab_size(), "pad_id": PAD})
+        config = TransformerConfig(
+            **{
+                "max_len": 256,
+                **r.model,
+                "src_vocab_size": tokenizer.get_vocab_size(),
+                "tgt_vocab_size": tokenizer.get_vocab_size(),
+                "pad_id": PAD,
+            }
+        )
         model = self.new_model(lambda: Transformer(config))
-        task = TranslationTask(tokenizer, train, self.valid, config, r.max_tokens, r.label_smoothing, r.max_length,
-                               r.decoding)
-        return model, task, {"parameters": model.num_parameters(), "train_pairs": len(task.src),
-                             "filtered_long": task.filtered, "skipped": train.skipped}
+        task = TranslationTask(
+            tokenizer, train, self.valid, config, r.max_tokens, r.label_smoothing, r.max_length, r.decoding
+        )
+        return (
+            model,
+            task,
+            {
+                "parameters": model.num_parameters(),
+                "train_pairs": len(task.src),
+                "filtered_long": task.filtered,
+                "skipped": train.skipped,
+            },
+        )
 
     def finish(self, report: dict[str, Any]) -> None:
         r, chosen = self.recipe, self.choose_checkpoint(report)
         translator = load_translator(chosen, device=r.train.device)
         if r.decoding_grid:  # on the validation set only; the winner becomes the checkpoint's decoding
             t0 = time.perf_counter()
-            translator.decoding, report["decoding_search"] = choose_decoding(translator, self.valid.sources,
-                                                                             self.valid.targets, r.decoding_grid)
+            translator.decoding, report["decoding_search"] = choose_decoding(
+                translator, self.valid.sources, self.valid.targets, r.decoding_grid
+            )
             report["decoding"] = translator.decoding
             update_config(chosen, decoding=translator.decoding)
             report["seconds_decoding_search"] = time.perf_counter() - t0
@@ -330,8 +430,11 @@ class TranslationRun(TrainingRun):
             (self.out / "test_hypotheses.txt").write_text("\n".join(scores["hypotheses"]) + "\n")
 
 
-def train_translation(recipe: TranslationRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False) -> dict[str, Any]:
-    """Run a recipe: BPE, model, training; then the best (or averaged) model on the test set, with beam search.
+def train_translation(
+    recipe: TranslationRecipe, data_dir: str | Path = DEFAULT_DATA_DIR, resume: bool = False
+) -> dict[str, Any]:
+    """Run a recipe: BPE, model, training; then the best (or averaged) model on the test set, with beam
+    search.
 
     Under torchrun every process runs this: rank 0 trains the BPE and sends it to the others, all
     train, then rank 0 alone averages, tests and writes the report.
@@ -340,12 +443,14 @@ def train_translation(recipe: TranslationRecipe, data_dir: str | Path = DEFAULT_
 
 
 def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of a grid's values: {"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]."""
+    """Every combination of a grid's values:
+    {"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]."""
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
-def choose_decoding(translator: Translator, sources: Sequence[str], references: Sequence[str],
-                    grid: dict[str, list[Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def choose_decoding(
+    translator: Translator, sources: Sequence[str], references: Sequence[str], grid: dict[str, list[Any]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Translate ``sources`` with every combination of ``grid`` (e.g. ``{"beam_size": [4, 6],
     "length_penalty": [0.6, 1.0]}``) on top of the translator's decoding; return the decoding with
     the highest sacreBLEU (the first of equals) and every combination's scores. Pass validation
@@ -353,7 +458,9 @@ def choose_decoding(translator: Translator, sources: Sequence[str], references: 
     combinations, trials = _combinations(grid), []
     for options in combinations:
         decoding = {**translator.decoding, **options}
-        trial = Translator(translator.model, translator.tokenizer, decoding, translator.device, translator.special_ids)
+        trial = Translator(
+            translator.model, translator.tokenizer, decoding, translator.device, translator.special_ids
+        )
         scores = trial.evaluate(sources, references)
         trials.append({**options, "bleu": scores["bleu"], "chrf": scores["chrf"]})
     best = max(range(len(trials)), key=lambda i: (trials[i]["bleu"], -i))
@@ -365,10 +472,14 @@ def load_translator(directory: str | Path, device: str = "auto") -> Translator:
     if is_marian_dir(directory):
         model, special, decoding = load_marian(directory)
         marian_files = (Path(directory) / "source.spm").is_file()
-        tokenizer = MarianTokenizer(directory) if marian_files else read_tokenizer(Path(directory) / "tokenizer.json")
+        tokenizer = (
+            MarianTokenizer(directory) if marian_files else read_tokenizer(Path(directory) / "tokenizer.json")
+        )
         if tokenizer.get_vocab_size() > model.config.src_vocab_size:  # its ids would not fit the model
-            raise ValueError(f"{directory}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model only "
-                             f"{model.config.src_vocab_size}")
+            raise ValueError(
+                f"{directory}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model only "
+                f"{model.config.src_vocab_size}"
+            )
         dev = resolve_device(device)
         return Translator(optimize(model).to(dev), tokenizer, decoding, dev, special)
     directory, config = open_checkpoint(directory, "translation")
@@ -382,11 +493,18 @@ def load_translator(directory: str | Path, device: str = "auto") -> Translator:
 
 def check_tokenizer(tokenizer: Tokenizer, path: str | Path, vocab_size: int | None = None) -> None:
     """A translation tokenizer has <pad>, <s>, </s> at ids 0, 1, 2 (and the model's vocabulary size)."""
-    specials = {name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos"), BPE_SPECIAL_TOKENS)}
-    if specials != {"pad": PAD, "bos": BOS, "eos": EOS} or vocab_size not in (None, tokenizer.get_vocab_size()):
-        raise ValueError(f"{path} does not belong to this model: {tokenizer.get_vocab_size()} tokens and special ids "
-                         f"{specials}; expected pad/bos/eos = {PAD}/{BOS}/{EOS}"
-                         + (f" and {vocab_size} tokens" if vocab_size is not None else ""))
+    specials = {
+        name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos"), BPE_SPECIAL_TOKENS)
+    }
+    if specials != {"pad": PAD, "bos": BOS, "eos": EOS} or vocab_size not in (
+        None,
+        tokenizer.get_vocab_size(),
+    ):
+        raise ValueError(
+            f"{path} does not belong to this model: {tokenizer.get_vocab_size()} tokens and special ids "
+            f"{specials}; expected pad/bos/eos = {PAD}/{BOS}/{EOS}"
+            + (f" and {vocab_size} tokens" if vocab_size is not None else "")
+        )
 
 
 def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:
@@ -425,8 +543,18 @@ def translation_attention_maps(
     written = []
     for name, calls in recorded.items():  # e.g. "decoder.layers.2.cross_attn"
         stack, _, layer, kind = name.split(".")
-        rows, cols = (source, source) if stack == "encoder" else (predicted, source if kind == "cross_attn" else prefix)
+        rows, cols = (
+            (source, source)
+            if stack == "encoder"
+            else (predicted, source if kind == "cross_attn" else prefix)
+        )
         path = out / f"{stack}-layer{layer}-{kind}.png"
-        plot_attention(calls[0][0], rows, cols, path, f"{name}  (rows: {'queries' if stack == 'encoder' else 'predicted'})")
+        plot_attention(
+            calls[0][0],
+            rows,
+            cols,
+            path,
+            f"{name}  (rows: {'queries' if stack == 'encoder' else 'predicted'})",
+        )
         written.append(path)
     return translation, written

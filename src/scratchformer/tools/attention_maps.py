@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from scratchformer.core.attention import MultiHeadAttention
@@ -33,8 +32,14 @@ def record_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
     """
     recorders = {name: _Recorder() for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
     modules = dict(model.named_modules())
-    handles = [hook for name, rec in recorders.items() for hook in (
-        modules[name].register_forward_pre_hook(rec.before, with_kwargs=True), modules[name].register_forward_hook(rec.after))]
+    handles = [
+        hook
+        for name, rec in recorders.items()
+        for hook in (
+            modules[name].register_forward_pre_hook(rec.before, with_kwargs=True),
+            modules[name].register_forward_hook(rec.after),
+        )
+    ]
     try:
         yield {name: rec.calls for name, rec in recorders.items()}
     finally:
@@ -49,17 +54,23 @@ class _Recorder:
         self.calls: list[Tensor] = []
         self._asked: list[bool] = []  # whether each call's caller wanted the weights itself
 
-    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    def before(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
         self._asked.append(bool(kwargs.get("need_weights", False)))
         return args, {**kwargs, "need_weights": True}
 
-    def after(self, module: nn.Module, args: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    def after(
+        self, module: nn.Module, args: tuple[Any, ...], output: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor | None]:
         out, weights = output
         self.calls.append(weights.detach())
         return out, weights if self._asked.pop() else None
 
 
-def plot_attention(weights: Tensor, queries: Sequence[str], keys: Sequence[str], path: str | Path, title: str) -> None:
+def plot_attention(
+    weights: Tensor, queries: Sequence[str], keys: Sequence[str], path: str | Path, title: str
+) -> None:
     """One heatmap per head: weights (H, T, S), rows = ``queries`` (T), columns = ``keys`` (S)."""
     import matplotlib
 

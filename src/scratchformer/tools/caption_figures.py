@@ -15,7 +15,9 @@ from torch.nn import functional as F
 __all__ = ["plot_caption_attention", "plot_caption_examples"]
 
 
-def plot_caption_attention(image: Tensor, words: Sequence[str], attention: Tensor, grid: int, path: str | Path) -> None:
+def plot_caption_attention(
+    image: Tensor, words: Sequence[str], attention: Tensor, grid: int, path: str | Path
+) -> None:
     """For each word, the image (C, H, W) with its attention over the grid x grid patches overlaid."""
     import matplotlib
 
@@ -42,8 +44,15 @@ def plot_caption_attention(image: Tensor, words: Sequence[str], attention: Tenso
     plt.close(fig)
 
 
-def plot_caption_examples(images: Tensor, hypotheses: Sequence[str], references: Sequence[Sequence[str]],
-                          path: str | Path, title: str = "", *, matches: Sequence[bool] | None = None) -> None:
+def plot_caption_examples(
+    images: Tensor,
+    hypotheses: Sequence[str],
+    references: Sequence[Sequence[str]],
+    path: str | Path,
+    title: str = "",
+    *,
+    matches: Sequence[bool] | None = None,
+) -> None:
     """A row of images (N, C, H, W), each with the model's caption and its first two references below;
     ``matches``: whether each caption equals one of its references (shown below it; None: not shown)."""
     import textwrap

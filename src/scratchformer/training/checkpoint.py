@@ -33,8 +33,20 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
-__all__ = ["average_checkpoints", "finish_interrupted_save", "load_checked", "load_config", "load_training_state", "load_weights", "open_checkpoint",
-           "resolve_checkpoint", "save_checkpoint", "update_config", "verified_weights", "write_text_atomically"]
+__all__ = [
+    "average_checkpoints",
+    "finish_interrupted_save",
+    "load_checked",
+    "load_config",
+    "load_training_state",
+    "load_weights",
+    "open_checkpoint",
+    "resolve_checkpoint",
+    "save_checkpoint",
+    "update_config",
+    "verified_weights",
+    "write_text_atomically",
+]
 
 WEIGHTS, CONFIG, TOKENIZER, STATE = "model.safetensors", "config.json", "tokenizer.json", "training_state.pt"
 
@@ -50,7 +62,9 @@ def save_checkpoint(
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     old = directory.with_name(directory.name + ".old")
-    if old.exists() and not (directory / CONFIG).is_file():  # an earlier swap was interrupted: old is the checkpoint
+    if (
+        old.exists() and not (directory / CONFIG).is_file()
+    ):  # an earlier swap was interrupted: old is the checkpoint
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(old, directory)
     _remove_temporaries(directory)
@@ -158,7 +172,9 @@ def verified_weights(directory: str | Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"no {WEIGHTS} in {directory}")
     if expected is not None and _sha256(path) != expected:
-        raise ValueError(f"{path} is damaged: its SHA-256 differs from the one recorded in {CONFIG} when it was saved")
+        raise ValueError(
+            f"{path} is damaged: its SHA-256 differs from the one recorded in {CONFIG} when it was saved"
+        )
     return path
 
 
@@ -176,18 +192,25 @@ def load_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.Mo
     for name, tensor in skeleton.state_dict(keep_vars=True).items():
         aliases.setdefault(id(tensor), set()).add(name)
     try:
-        missing, unexpected = skeleton.load_state_dict({k: torch.empty(s, device="meta") for k, s in shapes.items()},
-                                                       strict=False, assign=True)
+        missing, unexpected = skeleton.load_state_dict(
+            {k: torch.empty(s, device="meta") for k, s in shapes.items()}, strict=False, assign=True
+        )
     except RuntimeError as e:
-        raise ValueError(f"{directory}: config.json does not fit model.safetensors: "
-                         + "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())) from None
+        raise ValueError(
+            f"{directory}: config.json does not fit model.safetensors: "
+            + "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())
+        ) from None
     group = {name: names for names in aliases.values() for name in names}
     loaded = set(group) - set(missing)
-    missing = [n for n in missing if not group.get(n, {n}) & loaded]  # a tied alias of a loaded tensor is fine
+    missing = [
+        n for n in missing if not group.get(n, {n}) & loaded
+    ]  # a tied alias of a loaded tensor is fine
     if missing or unexpected:
-        raise ValueError(f"{directory}: config.json does not fit model.safetensors: missing {sorted(missing)[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}, unexpected {sorted(unexpected)[:5]}"
-                         f"{' ...' if len(unexpected) > 5 else ''}")
+        raise ValueError(
+            f"{directory}: config.json does not fit model.safetensors: missing {sorted(missing)[:5]}"
+            f"{' ...' if len(missing) > 5 else ''}, unexpected {sorted(unexpected)[:5]}"
+            f"{' ...' if len(unexpected) > 5 else ''}"
+        )
     model = build()
     _load_verified(model, path)
     return model
@@ -210,7 +233,9 @@ def load_weights(model: nn.Module, directory: str | Path) -> None:
 def _load_verified(model: nn.Module, path: Path) -> None:
     missing, unexpected = load_model(model, str(path), strict=False)
     if missing or unexpected:
-        raise ValueError(f"{path} does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise ValueError(
+            f"{path} does not fit the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
 
 
 def load_training_state(directory: str | Path, map_location: str | None = "cpu") -> dict[str, Any]:
@@ -230,10 +255,13 @@ def average_checkpoints(directories: Sequence[Path], model: nn.Module) -> None:
     for directory in directories:
         for name, tensor in load_file(str(verified_weights(directory))).items():
             total[name] = total.get(name, 0) + tensor.double()  # type: ignore[operator]
-    missing, unexpected = model.load_state_dict({k: (v / len(directories)).float() for k, v in total.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(
+        {k: (v / len(directories)).float() for k, v in total.items()}, strict=False
+    )
     params = model.state_dict(keep_vars=True)
     loaded = {params[k].data_ptr() for k in total if k in params}
     missing = [k for k in missing if params[k].data_ptr() not in loaded]  # tied tensors are stored once
     if missing or unexpected:
-        raise ValueError(f"checkpoint average does not fit the model: missing {missing}, unexpected {unexpected}")
-
+        raise ValueError(
+            f"checkpoint average does not fit the model: missing {missing}, unexpected {unexpected}"
+        )

@@ -16,13 +16,38 @@ __all__ = ["RESUME_FIXED", "TrainConfig"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 # TrainConfig's integer counts and their least values (seed may be any integer, max_steps also None)
-AT_LEAST = {"epochs": 1, "max_steps": 1, "grad_accum": 1, "log_every": 1, "eval_every": 0, "save_every": 0,
-            "keep_checkpoints": 0, "warmup_steps": 0, "threads": 0, "patience": 0}
+AT_LEAST = {
+    "epochs": 1,
+    "max_steps": 1,
+    "grad_accum": 1,
+    "log_every": 1,
+    "eval_every": 0,
+    "save_every": 0,
+    "keep_checkpoints": 0,
+    "warmup_steps": 0,
+    "threads": 0,
+    "patience": 0,
+}
 # TrainConfig fields that fix the data order and the optimisation: a resumed run keeps the saved ones
 # (its length, device, precision, logging, saving and patience may change)
-RESUME_FIXED = ("seed", "grad_accum", "lr", "betas", "adam_eps", "weight_decay", "schedule", "warmup_steps",
-                "min_lr_ratio")
-TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+RESUME_FIXED = (
+    "seed",
+    "grad_accum",
+    "lr",
+    "betas",
+    "adam_eps",
+    "weight_decay",
+    "schedule",
+    "warmup_steps",
+    "min_lr_ratio",
+)
+TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 @dataclass
@@ -122,7 +147,8 @@ class TrainConfig:
         for name, least in AT_LEAST.items():  # epochs=1.5 would never reach its last step (nor save it)
             value = getattr(self, name)
             if not (name == "max_steps" and value is None) and (
-                    isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least):
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least
+            ):
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         for name, hint in typing.get_type_hints(TrainConfig).items():
             value = getattr(self, name)
@@ -140,12 +166,16 @@ class TrainConfig:
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not self.weight_decay >= 0 or not self.adam_eps > 0:
-            raise ValueError(f"weight_decay must be >= 0 and adam_eps > 0, got {self.weight_decay}, {self.adam_eps}")
+            raise ValueError(
+                f"weight_decay must be >= 0 and adam_eps > 0, got {self.weight_decay}, {self.adam_eps}"
+            )
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.patience and not self.eval_every:
-            raise ValueError(f"patience={self.patience} counts evaluations: it needs eval_every > 0 "
-                             "(eval_every=0 evaluates only at the end)")
+            raise ValueError(
+                f"patience={self.patience} counts evaluations: it needs eval_every > 0 "
+                "(eval_every=0 evaluates only at the end)"
+            )
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -158,7 +188,9 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, tuple) and len(value) == len(args) and all(map(_fits, value, args))
     if isinstance(value, bool):
         return hint is bool
-    return isinstance(value, {int: numbers.Integral, float: numbers.Real, str: (str, os.PathLike)}.get(hint, hint))
+    return isinstance(
+        value, {int: numbers.Integral, float: numbers.Real, str: (str, os.PathLike)}.get(hint, hint)
+    )
 
 
 def _describe(hint: Any) -> str:

@@ -82,7 +82,9 @@ def _env_world() -> World:
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", rank)
     if size < 1 or not 0 <= rank < size or local_rank < 0:
-        raise ValueError(f"inconsistent torchrun environment: WORLD_SIZE={size}, RANK={rank}, LOCAL_RANK={local_rank}")
+        raise ValueError(
+            f"inconsistent torchrun environment: WORLD_SIZE={size}, RANK={rank}, LOCAL_RANK={local_rank}"
+        )
     return World(rank, size, local_rank)
 
 
@@ -112,10 +114,14 @@ def device_for(name: str, local_rank: int = 0, distributed: bool = False) -> tor
             raise ValueError(f"device {name!r} requested, but CUDA is not available")
         if distributed:
             if device.index is not None:
-                raise ValueError(f"device {name!r}: under torchrun each process uses cuda:LOCAL_RANK; "
-                                 "give 'cuda' or 'auto' (and CUDA_VISIBLE_DEVICES to choose GPUs)")
+                raise ValueError(
+                    f"device {name!r}: under torchrun each process uses cuda:LOCAL_RANK; "
+                    "give 'cuda' or 'auto' (and CUDA_VISIBLE_DEVICES to choose GPUs)"
+                )
             if local_rank >= torch.cuda.device_count():
-                raise ValueError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible")
+                raise ValueError(
+                    f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible"
+                )
             device = torch.device("cuda", local_rank)
     return device
 
@@ -218,7 +224,9 @@ def shard(batches: list[T], rank: int, size: int) -> list[T]:
     if not 0 <= rank < size:
         raise ValueError(f"rank must be in [0, {size}), got {rank}")
     if len(batches) < size:
-        raise ValueError(f"{len(batches)} micro-batches cannot be shared by {size} processes (each needs one)")
+        raise ValueError(
+            f"{len(batches)} micro-batches cannot be shared by {size} processes (each needs one)"
+        )
     return batches[rank : len(batches) - len(batches) % size : size]
 
 
@@ -232,7 +240,8 @@ def wrap(model: nn.Module, device: torch.device, find_unused_parameters: bool = 
     if not world().distributed:
         return model
     no_buffer_sync: dict[str, Any] = (  # newer PyTorch renamed broadcast_buffers
-        {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
         else {"broadcast_buffers": False}
     )
     return DistributedDataParallel(

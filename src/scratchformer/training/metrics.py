@@ -33,7 +33,9 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """Drop records past ``step`` (a resumed run rewrites them)."""
         kept = [r for r in self.records() if r.get("step", 0) <= step]
-        write_text_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill never cuts it short
+        write_text_atomically(
+            self.path, "".join(json.dumps(r) + "\n" for r in kept)
+        )  # a kill never cuts it short
 
 
 class TensorBoardLog:
@@ -53,7 +55,11 @@ class TensorBoardLog:
 
     def write(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
-            if key not in self.NOT_SCALARS and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            if (
+                key not in self.NOT_SCALARS
+                and isinstance(value, numbers.Real)
+                and not isinstance(value, bool)
+            ):
                 self.writer.add_scalar(key, value, global_step=record["step"])
         self.writer.flush()  # on disk with the JSONL line (a killed run keeps both)
 

@@ -26,8 +26,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 def adamw(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW over ``model``'s trainable parameters as ``config`` says (fused where torch has the kernel)."""
-    return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=config.betas,
-                             eps=config.adam_eps, fused=device.type in FUSED_ADAMW_DEVICES)
+    return torch.optim.AdamW(
+        param_groups(model, config.weight_decay),
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.adam_eps,
+        fused=device.type in FUSED_ADAMW_DEVICES,
+    )
 
 
 def optimizer_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:

@@ -46,7 +46,9 @@ class Recipe:
         if isinstance(self.train, dict):
             self.train = TrainConfig(**self.train)
         if self.train.best_metric not in self.METRICS:
-            raise ValueError(f"train.best_metric: expected one of {self.METRICS}, got {self.train.best_metric!r}")
+            raise ValueError(
+                f"train.best_metric: expected one of {self.METRICS}, got {self.train.best_metric!r}"
+            )
         self.validate()
 
     def validate(self) -> None:

@@ -16,17 +16,43 @@ from scratchformer.training import distributed
 from scratchformer.training.checkpoint import load_config
 from scratchformer.training.config import RESUME_FIXED, TrainConfig
 
-__all__ = ["RUN_OUTPUTS", "check_run", "check_same_run", "earlier_run", "remove_earlier_run", "resolve_device"]
+__all__ = [
+    "RUN_OUTPUTS",
+    "check_run",
+    "check_same_run",
+    "earlier_run",
+    "remove_earlier_run",
+    "resolve_device",
+]
 
-RUN_OUTPUTS = ("last", "last.old", "best", "best.old", "averaged", "metrics.jsonl", "tensorboard", "report.json",
-               "curves.png", "encoder")
+RUN_OUTPUTS = (
+    "last",
+    "last.old",
+    "best",
+    "best.old",
+    "averaged",
+    "metrics.jsonl",
+    "tensorboard",
+    "report.json",
+    "curves.png",
+    "encoder",
+)
 
 
 def earlier_run(out_dir: str | Path) -> list[str]:
     """What an earlier run left in ``out_dir`` (checkpoints, logs, report, test outputs)."""
     out = Path(out_dir)
-    return sorted(p.name for p in out.glob("*") if p.name in RUN_OUTPUTS or p.name.startswith("step-")
-                  or p.name.endswith(("_hypotheses.txt", "_captions.txt"))) if out.is_dir() else []
+    return (
+        sorted(
+            p.name
+            for p in out.glob("*")
+            if p.name in RUN_OUTPUTS
+            or p.name.startswith("step-")
+            or p.name.endswith(("_hypotheses.txt", "_captions.txt"))
+        )
+        if out.is_dir()
+        else []
+    )
 
 
 def remove_earlier_run(out_dir: str | Path) -> None:
@@ -55,16 +81,23 @@ def require_tensorboard() -> None:
     try:
         importlib.import_module("torch.utils.tensorboard")  # (it imports the tensorboard package)
     except ImportError as e:
-        raise ImportError('"tensorboard": true needs the tensorboard package: pip install -e ".[tensorboard]"') from e
+        raise ImportError(
+            '"tensorboard": true needs the tensorboard package: pip install -e ".[tensorboard]"'
+        ) from e
 
 
 def _check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     if resume:
-        if not (out / "last" / "training_state.pt").is_file() and not (out / "last.old" / "training_state.pt").is_file():
+        if (
+            not (out / "last" / "training_state.pt").is_file()
+            and not (out / "last.old" / "training_state.pt").is_file()
+        ):
             raise FileNotFoundError(f"--resume: no resumable checkpoint in {out} (expected {out / 'last'})")
     elif earlier_run(out) and not overwrite:
-        raise FileExistsError(f"{out} holds an earlier run ({', '.join(earlier_run(out))}): resume it (--resume), "
-                              "replace it (--overwrite / overwrite=True) or choose another output directory")
+        raise FileExistsError(
+            f"{out} holds an earlier run ({', '.join(earlier_run(out))}): resume it (--resume), "
+            "replace it (--overwrite / overwrite=True) or choose another output directory"
+        )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,15 +118,23 @@ def check_same_run(last: Path, config: TrainConfig, task_config: dict[str, Any])
     was = {**_leaves(saved), **{k: saved_training[k] for k in RESUME_FIXED if k in saved_training}}
     differ = [k for k in was if k not in now or now[k] != was[k]]
     if differ:
+
         def show(values: dict[str, Any]) -> str:
             return ", ".join(f"{k}={json.dumps(values[k])}" if k in values else f"no {k}" for k in differ)
-        raise ValueError(f"{last} was saved with {show(was)}; this run has {show(now)}: --resume continues a run "
-                         "with its own settings (only its length, device, precision, logging, saving and patience "
-                         "may change)")
+
+        raise ValueError(
+            f"{last} was saved with {show(was)}; this run has {show(now)}: --resume continues a run "
+            "with its own settings (only its length, device, precision, logging, saving and patience "
+            "may change)"
+        )
 
 
 def _leaves(value: Any, path: str = "") -> dict[str, Any]:
     """A JSON value's leaves by dotted path: {"model": {"num_heads": 2}} -> {"model.num_heads": 2}."""
     if not isinstance(value, dict) or not value:
         return {path: value}
-    return {k: v for key, item in value.items() for k, v in _leaves(item, f"{path}.{key}" if path else key).items()}
+    return {
+        k: v
+        for key, item in value.items()
+        for k, v in _leaves(item, f"{path}.{key}" if path else key).items()
+    }

@@ -15,7 +15,9 @@ __all__ = ["SCHEDULES", "lr_multiplier"]
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 
 
-def lr_multiplier(kind: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> Callable[[int], float]:
+def lr_multiplier(
+    kind: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0
+) -> Callable[[int], float]:
     """Multiplier of the peak lr at optimizer step ``step`` (0-based): warm-up from ~0 to 1 over
     ``warmup_steps``, then decay ``kind`` towards ``min_ratio`` at ``total_steps``."""
     if kind not in SCHEDULES:

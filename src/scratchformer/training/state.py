@@ -80,14 +80,21 @@ def restore(run: Run, state: dict[str, Any], device: torch.device, where: str) -
     """Continue ``run`` from a saved training state (``state["rng"]``: this rank's), read from ``where``."""
     saved = [len(g["params"]) for g in state["optimizer"]["param_groups"]]
     if saved != [len(g["params"]) for g in run.optimizer.param_groups]:
-        raise ValueError(f"{where}: its optimizer state holds {saved} parameter tensors per group, "
-                         f"this model has {[len(g['params']) for g in run.optimizer.param_groups]} (saved by another "
-                         "model or release); its weights load, but the run cannot resume")
+        raise ValueError(
+            f"{where}: its optimizer state holds {saved} parameter tensors per group, "
+            f"this model has {[len(g['params']) for g in run.optimizer.param_groups]} (saved by another "
+            "model or release); its weights load, but the run cannot resume"
+        )
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     if run.scaler.is_enabled() and state.get("scaler"):  # (a bf16/fp32 run saved an empty scaler state)
         run.scaler.load_state_dict(state["scaler"])
-    run.step, run.epoch, run.next_group, run.best = state["step"], state["epoch"], state["next_group"], state["best"]
+    run.step, run.epoch, run.next_group, run.best = (
+        state["step"],
+        state["epoch"],
+        state["next_group"],
+        state["best"],
+    )
     run.skipped = state.get("skipped_steps", 0)  # (older states lack the newer counters)
     run.evals_without_improvement = state.get("evals_without_improvement", 0)
     run.stopped_early = state.get("stopped_early")

@@ -155,9 +155,11 @@ class Trainer:
         if not snapshots:
             raise ValueError(f"no step-* snapshots in {self.out_dir} to average (set keep_checkpoints)")
         if len(snapshots) < n:
-            warnings.warn(f"average_last={n}: the run kept only {len(snapshots)} evaluated checkpoint(s), one per "
-                          f"evaluation (eval_every={self.config.eval_every}); averaging {len(snapshots)}",
-                          stacklevel=2)
+            warnings.warn(
+                f"average_last={n}: the run kept only {len(snapshots)} evaluated checkpoint(s), one per "
+                f"evaluation (eval_every={self.config.eval_every}); averaging {len(snapshots)}",
+                stacklevel=2,
+            )
         average_checkpoints(snapshots, self.model)
         metrics = {"checkpoints": len(snapshots), **self.evaluate()}
         key = self.config.best_metric
@@ -203,7 +205,8 @@ class Trainer:
         while run.step < run.total and run.stopped_early is None:
             loss = self._optimisation_step(run, self._next_group(run))
             if loss is None:
-                continue  # fp16: the scaler skipped this step: the schedule, the step count and the log do not move
+                # fp16: the scaler skipped this step: the schedule, the step count and the log do not move
+                continue
             if run.due(c.log_every):
                 self._log(run, loss)
             if run.due(c.eval_every):
@@ -226,17 +229,27 @@ class Trainer:
         self.model.to(self.device)
         self.model.train()
         check_run(c, resume)  # (the tasks ran it already, before their data work)
-        if not resume and c.overwrite and self.world.is_main:  # replace the earlier run now that this one starts
+        if (
+            not resume and c.overwrite and self.world.is_main
+        ):  # replace the earlier run now that this one starts
             remove_earlier_run(self.out_dir)
         state = self._resume_state() if resume else None  # (the weights load before DDP copies them)
         run = self._new_run()
         if state is not None:
             self._resume(run, state)
         if self.world.is_main:
-            self.log.start(run.step)  # a resumed run's log is cut back to its step; a fresh run's starts empty
+            self.log.start(
+                run.step
+            )  # a resumed run's log is cut back to its step; a fresh run's starts empty
         run.start = run.window_start = time.perf_counter()
-        run.bar = tqdm(total=run.total, initial=run.step, desc="training", unit="step",
-                       disable=not (c.progress and self.world.is_main), mininterval=1.0)
+        run.bar = tqdm(
+            total=run.total,
+            initial=run.step,
+            desc="training",
+            unit="step",
+            disable=not (c.progress and self.world.is_main),
+            mininterval=1.0,
+        )
         return run
 
     def _new_run(self) -> Run:
@@ -310,7 +323,9 @@ class Trainer:
                 with self._autocast():
                     loss, items = self.task.loss(run.train_model, micro, self.device)
                 value = loss.item()
-                if not math.isfinite(value) and not run.scaler.is_enabled():  # fp16: the scaler skips the step
+                if (
+                    not math.isfinite(value) and not run.scaler.is_enabled()
+                ):  # fp16: the scaler skips the step
                     raise FloatingPointError(
                         f"loss is {value} at step {run.step + 1} (epoch {run.epoch}, batch {run.next_group}"
                         + (f", rank {self.world.rank}" if self.world.distributed else "")
@@ -340,8 +355,10 @@ class Trainer:
         run.skipped += 1
         run.consecutive_skips += 1
         if run.consecutive_skips > MAX_CONSECUTIVE_SKIPS:
-            raise FloatingPointError(f"fp16: {run.consecutive_skips} optimizer steps in a row overflowed "
-                                     f"(loss {loss}); training stopped: try bf16 or a lower learning rate")
+            raise FloatingPointError(
+                f"fp16: {run.consecutive_skips} optimizer steps in a row overflowed "
+                f"(loss {loss}); training stopped: try bf16 or a lower learning rate"
+            )
 
     def _log(self, run: Run, loss: float) -> None:
         """A training record (rank 0 writes it: metrics.jsonl, and TensorBoard when asked), the
@@ -378,8 +395,10 @@ class Trainer:
             if c.keep_checkpoints:
                 self._keep_snapshot(run.step)
             if c.progress:
-                run.bar.write(f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
-                              file=sys.stderr)
+                run.bar.write(
+                    f"step {run.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
+                    file=sys.stderr,
+                )
             plot_curves(self.log.records(), self.out_dir / "curves.png")
         if c.patience and run.evals_without_improvement >= c.patience and run.step < run.total:
             self._stop_early(run)
@@ -394,20 +413,38 @@ class Trainer:
         """End the run here (``patience`` is out): the loop stops, ``last/`` is saved at this step,
         and the log says so: ``{"step": s, "early_stop": {"best_step": b, "patience": n}}``."""
         assert run.best is not None  # (the first evaluation is always an improvement)
-        run.stopped_early = {"step": run.step, "best_step": run.best["step"], "patience": self.config.patience}
+        run.stopped_early = {
+            "step": run.step,
+            "best_step": run.best["step"],
+            "patience": self.config.patience,
+        }
         if self.world.is_main:
-            self.log.write({"step": run.step, "early_stop": {"best_step": run.best["step"], "patience": self.config.patience}})
+            self.log.write(
+                {
+                    "step": run.step,
+                    "early_stop": {"best_step": run.best["step"], "patience": self.config.patience},
+                }
+            )
             if self.config.progress:
-                run.bar.write(f"step {run.step}: stopping early: {self.config.best_metric} has not improved in "
-                              f"{self.config.patience} evaluations (best at step {run.best['step']})", file=sys.stderr)
+                run.bar.write(
+                    f"step {run.step}: stopping early: {self.config.best_metric} has not improved in "
+                    f"{self.config.patience} evaluations (best at step {run.best['step']})",
+                    file=sys.stderr,
+                )
 
     def _finish(self, run: Run) -> TrainResult:
         if run.bar is not None:
             run.bar.close()
         distributed.barrier()  # when fit returns on any rank, rank 0's checkpoints are written
-        return TrainResult(step=run.step, losses=run.losses, evals=run.evals, best=run.best,
-                           seconds=time.perf_counter() - run.start, skipped_steps=run.skipped,
-                           stopped_early=run.stopped_early)
+        return TrainResult(
+            step=run.step,
+            losses=run.losses,
+            evals=run.evals,
+            best=run.best,
+            seconds=time.perf_counter() - run.start,
+            skipped_steps=run.skipped,
+            stopped_early=run.stopped_early,
+        )
 
     # ---- helpers of the run: data shards, resumption ------------------------------------------
 
@@ -416,7 +453,11 @@ class Trainer:
         batches = self.task.batches(epoch, self.config.seed)
         if not batches:
             raise ValueError(f"the task produced no training batches for epoch {epoch}")
-        return distributed.shard(batches, self.world.rank, self.world.size) if self.world.distributed else batches
+        return (
+            distributed.shard(batches, self.world.rank, self.world.size)
+            if self.world.distributed
+            else batches
+        )
 
     def _resume_state(self) -> dict[str, Any]:
         """``last/``'s training state, read by rank 0 and broadcast (other machines need no copy),
@@ -431,8 +472,10 @@ class Trainer:
         state = distributed.on_main(read)
         saved_size = state.get("world_size", 1)
         if saved_size != self.world.size:
-            raise ValueError(f"{last} was saved by {saved_size} process(es) and cannot resume with {self.world.size}: "
-                             "each rank's position in the epoch and its RNG state depend on the number of processes")
+            raise ValueError(
+                f"{last} was saved by {saved_size} process(es) and cannot resume with {self.world.size}: "
+                "each rank's position in the epoch and its RNG state depend on the number of processes"
+            )
         if self.world.is_main:
             load_weights(self.model, last)
             finish_interrupted_save(last)

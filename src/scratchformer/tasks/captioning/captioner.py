@@ -40,8 +40,14 @@ START, END = Vocabulary.start_id, Vocabulary.end_id
 class Captioner:
     """A trained captioning model with its vocabulary: images in, captions out."""
 
-    def __init__(self, model: CaptioningTransformer, vocab: Vocabulary, decoding: dict[str, Any], device: torch.device,
-                 photos: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model: CaptioningTransformer,
+        vocab: Vocabulary,
+        decoding: dict[str, Any],
+        device: torch.device,
+        photos: dict[str, Any] | None = None,
+    ):
         self.model, self.vocab, self.decoding, self.device = model.eval(), vocab, decoding, device
         self.photos = photos  # {"image_encoder": description, "memory": "regions"|"pooled"} for photo models
         self._encoder: ImageEncoder | None = None
@@ -52,7 +58,9 @@ class Captioner:
         the image encoder the model was trained with."""
         encoder, features, photos = self.image_encoder(), [], []
         for start in range(0, len(paths), batch_size):
-            batch = torch.stack([load_photo(p, ImageEncoder.image_size) for p in paths[start : start + batch_size]])
+            batch = torch.stack(
+                [load_photo(p, ImageEncoder.image_size) for p in paths[start : start + batch_size]]
+            )
             regions, pooled = encoder(batch.to(self.device))
             features.append((regions if self.photos["memory"] == "regions" else pooled).half().cpu())  # type: ignore[index]
             photos.append(batch)
@@ -61,24 +69,34 @@ class Captioner:
     def image_encoder(self) -> ImageEncoder:
         """The frozen image encoder the model was trained with (built on first use)."""
         if self.photos is None:
-            raise ValueError("this model was not trained on photographs through the image encoder; "
-                             "it takes " + ("image files of its own size" if self.model.config.input == "pixels"
-                                            else "precomputed features"))
+            raise ValueError(
+                "this model was not trained on photographs through the image encoder; "
+                "it takes "
+                + (
+                    "image files of its own size"
+                    if self.model.config.input == "pixels"
+                    else "precomputed features"
+                )
+            )
         if self._encoder is None:
             if ImageEncoder.describe() != self.photos["image_encoder"]:
-                raise ValueError(f"this checkpoint was trained on features of {self.photos['image_encoder']}, "
-                                 f"this installation's image encoder is {ImageEncoder.describe()}")
+                raise ValueError(
+                    f"this checkpoint was trained on features of {self.photos['image_encoder']}, "
+                    f"this installation's image encoder is {ImageEncoder.describe()}"
+                )
             self._encoder = ImageEncoder().to(self.device)
         return self._encoder
 
-    def corpus_features(self, corpus: CaptionCorpus, features_file: str | Path | None = None,
-                        batch_size: int = 32) -> Tensor:
+    def corpus_features(
+        self, corpus: CaptionCorpus, features_file: str | Path | None = None, batch_size: int = 32
+    ) -> Tensor:
         """The model's input features for every photo of ``corpus``: from ``features_file`` (extracted
         into it first where missing: resumable, reusable), else computed in memory."""
         encoder = self.image_encoder()
         if features_file is not None:
-            found = extract_image_features(corpus.image_dir, features_file, encoder, names=corpus.names,
-                                           device=self.device)
+            found = extract_image_features(
+                corpus.image_dir, features_file, encoder, names=corpus.names, device=self.device
+            )
             return found.select(corpus.names, self.photos["memory"])  # type: ignore[index]
         return self.photo_features([corpus.image_dir / n for n in corpus.names], batch_size)[0]
 
@@ -89,8 +107,10 @@ class Captioner:
             raise ValueError("this model captions image features; use photo_features() for photo files")
         image = load_image(path, c.image_size if resize else None)
         if tuple(image.shape[1:]) != (c.image_size, c.image_size):
-            raise ValueError(f"{path}: the image is {image.shape[2]}x{image.shape[1]} pixels, the model takes "
-                             f"{c.image_size}x{c.image_size} (resize it, or pass --resize)")
+            raise ValueError(
+                f"{path}: the image is {image.shape[2]}x{image.shape[1]} pixels, the model takes "
+                f"{c.image_size}x{c.image_size} (resize it, or pass --resize)"
+            )
         return image
 
     def _limits(self) -> dict[str, Any]:
@@ -99,13 +119,22 @@ class Captioner:
     def generation_config(self, beam_size: int | None = None, **options: Any) -> GenerationConfig:
         """The recipe's ``decoding`` (beam 3 if it names none; captions up to the model's max_len) as a
         :class:`GenerationConfig`, with ``beam_size`` and ``options`` on top (None: keep)."""
-        return GenerationConfig.from_decoding({"beam_size": 3, **self.decoding, **self._limits()},
-                                              decoder_start_token_id=START, eos_token_id=END,
-                                              **{"num_beams": beam_size, **options})
+        return GenerationConfig.from_decoding(
+            {"beam_size": 3, **self.decoding, **self._limits()},
+            decoder_start_token_id=START,
+            eos_token_id=END,
+            **{"num_beams": beam_size, **options},
+        )
 
     @torch.no_grad()
-    def generate(self, inputs: Tensor, config: GenerationConfig | None = None, prefix: str | None = None,
-                 seed: int | None = None, batch_size: int = 128) -> list[list[Generated]]:
+    def generate(
+        self,
+        inputs: Tensor,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        batch_size: int = 128,
+    ) -> list[list[Generated]]:
         """``config.num_return_sequences`` captions of each input (images (N, C, H, W) or features):
         the n best of the beam, or n samples; ``prefix``: words every caption starts with."""
         config = config or self.generation_config()
@@ -115,20 +144,34 @@ class Captioner:
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size].to(self.device)
             for hyps in generate(self.model, batch, config, prefix_ids, seed):
-                out.append([Generated(self.vocab.decode(h.tokens), h.tokens[:-1], h.log_prob, h.score) for h in hyps])
+                out.append(
+                    [Generated(self.vocab.decode(h.tokens), h.tokens[:-1], h.log_prob, h.score) for h in hyps]
+                )
         return out
 
-    def caption(self, inputs: Tensor, beam_size: int | None = None, batch_size: int = 128,
-                config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None
-                ) -> list[str]:
+    def caption(
+        self,
+        inputs: Tensor,
+        beam_size: int | None = None,
+        batch_size: int = 128,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+    ) -> list[str]:
         """Captions of ``inputs`` (images (N, C, H, W) uint8/float, or features); beam_size 1 = greedy;
         ``config`` (a :class:`GenerationConfig`) instead of the recipe's decoding settings."""
         config = config or self.generation_config(beam_size)
         return [n[0].text for n in self.generate(inputs, config, prefix, seed, batch_size)]
 
-    def evaluate(self, examples: CaptionExamples, beam_size: int | None = None,
-                 config: GenerationConfig | None = None, prefix: str | None = None, seed: int | None = None,
-                 batch_size: int = 128) -> dict[str, Any]:
+    def evaluate(
+        self,
+        examples: CaptionExamples,
+        beam_size: int | None = None,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        batch_size: int = 128,
+    ) -> dict[str, Any]:
         hypotheses = self.caption(examples.inputs, beam_size, batch_size, config, prefix, seed)
         return {**caption_scores(hypotheses, examples.references), "hypotheses": hypotheses}
 
@@ -138,10 +181,14 @@ class Captioner:
         and, for each generated word (and <END>), the last decoder layer's cross-attention over the
         memory, averaged over heads: (L, N) for N memory slots."""
         with record_attention(self.model) as recorded:
-            ids = greedy_decode(self.model, image[None].to(self.device), bos_id=START, eos_id=END, **self._limits())
+            ids = greedy_decode(
+                self.model, image[None].to(self.device), bos_id=START, eos_id=END, **self._limits()
+            )
         assert isinstance(ids, Tensor)
         last = f"decoder.layers.{len(self.model.decoder.layers) - 1}.cross_attn"
-        attention = torch.stack([w[0, :, -1].mean(dim=0) for w in recorded[last]])  # per step (1, H, 1, N) -> (N,)
+        attention = torch.stack(
+            [w[0, :, -1].mean(dim=0) for w in recorded[last]]
+        )  # per step (1, H, 1, N) -> (N,)
         tokens = ids[0].tolist()
         length = tokens.index(END) + 1 if END in tokens else len(tokens)
         words = [self.vocab.words[t] for t in tokens[:length]]
@@ -157,15 +204,18 @@ class Captioner:
         elif self.photos is not None and self.photos["memory"] == "regions" and photo is not None:
             grid, picture = int(round(image.shape[0] ** 0.5)), photo
         else:
-            raise ValueError("attention over the image needs a model that reads pixels or photo regions (memory "
-                             "'regions'), and the photo")
+            raise ValueError(
+                "attention over the image needs a model that reads pixels or photo regions (memory "
+                "'regions'), and the photo"
+            )
         words, attention = self.caption_with_attention(image)
         plot_caption_attention(picture, words, attention, grid, path)
         return words
 
 
 def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
-    """A checkpoint written by :func:`~scratchformer.tasks.captioning.train_captioner`, as a :class:`Captioner`."""
+    """A checkpoint written by :func:`~scratchformer.tasks.captioning.train_captioner`, as a
+    :class:`Captioner`."""
     directory, config = open_checkpoint(directory, "captioning")
     model_config = CaptioningConfig.from_dict(config["model"])
     try:
@@ -173,8 +223,10 @@ def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as e:
         raise ValueError(f"{directory / 'vocab.json'}: not a caption vocabulary ({e})") from None
     if len(vocab) != model_config.vocab_size:
-        raise ValueError(f"{directory / 'vocab.json'} does not belong to this model: {len(vocab)} words, the model "
-                         f"has {model_config.vocab_size}")
+        raise ValueError(
+            f"{directory / 'vocab.json'} does not belong to this model: {len(vocab)} words, the model "
+            f"has {model_config.vocab_size}"
+        )
     model = optimize(load_checked(directory, lambda: CaptioningTransformer(model_config)))
     dev = resolve_device(device)
     return Captioner(model.to(dev), vocab, config["decoding"], dev, config.get("photos"))
