@@ -183,7 +183,7 @@ def spy_on_decoding(monkeypatch, module: str) -> list[tuple[int, bool]]:
 
 def test_evaluate_decodes_with_the_batch_size_and_precision_given(checkpoint, capsys, monkeypatch) -> None:
     path, recipe = checkpoint
-    batches = spy_on_decoding(monkeypatch, "translation")
+    batches = spy_on_decoding(monkeypatch, "translation.translator")  # where Translator decodes
     args = [
         "evaluate",
         "--checkpoint",

@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -229,25 +230,9 @@ def extract_image_features(
     with tqdm(total=len(todo), desc="image features", unit="img", disable=not progress) as bar:
         for start in range(0, len(todo), chunk_size):
             chunk = todo[start : start + chunk_size]
-            regions, pooled = [], []
-            for b in range(0, len(chunk), batch_size):
-                photos = torch.stack(
-                    [
-                        load_photo(folder / n, encoder.image_size)  # type: ignore[attr-defined]
-                        for n in chunk[b : b + batch_size]
-                    ]
-                )
-                r, p = encoder(photos.to(device))
-                regions.append(r.half().cpu())
-                pooled.append(p.half().cpu())
-                bar.update(len(photos))
+            regions, pooled = _encode_photos(folder, chunk, encoder, batch_size, device, bar)
             part = ImageFeatures(
-                chunk,
-                torch.cat(regions),
-                torch.cat(pooled),
-                description,
-                image_dir,
-                {n: stamps[n] for n in chunk},
+                chunk, regions, pooled, description, image_dir, {n: stamps[n] for n in chunk}
             )
             parts_dir.mkdir(parents=True, exist_ok=True)
             number = (
@@ -257,21 +242,48 @@ def extract_image_features(
             save_image_features(parts_dir / f"{number:05d}.safetensors", part)
             done.append(part)
     if todo or len(done) > 1 or not out.exists():
-        rows: dict[str, tuple[ImageFeatures, int]] = {}
-        for f in done:  # a name in the file and in a leftover chunk (a kill before the clean-up) counts once
-            for i, n in enumerate(f.names):
-                rows.setdefault(n, (f, i))
-        order = sorted(rows)
-        merged = ImageFeatures(
-            order,
-            torch.stack([rows[n][0].regions[rows[n][1]] for n in order]),
-            torch.stack([rows[n][0].pooled[rows[n][1]] for n in order]),
-            description,
-            image_dir,
-            {n: rows[n][0].stamps[n] for n in order if n in rows[n][0].stamps},
-        )
+        merged = _merge(done, description, image_dir)
         save_image_features(out, merged)
         if parts_dir.is_dir():
             shutil.rmtree(parts_dir)
         return merged
     return done[0]
+
+
+def _encode_photos(
+    folder: Path,
+    names: Sequence[str],
+    encoder: Callable[[Tensor], tuple[Tensor, Tensor]],
+    batch_size: int,
+    device: str | torch.device,
+    bar: Any,
+) -> tuple[Tensor, Tensor]:
+    """The encoder's (regions (N, R, D_img), pooled (N, D_img)) of the photos ``names``, in float16."""
+    regions, pooled = [], []
+    for b in range(0, len(names), batch_size):
+        photos = torch.stack(
+            [load_photo(folder / n, encoder.image_size) for n in names[b : b + batch_size]]  # type: ignore[attr-defined]
+        )
+        r, p = encoder(photos.to(device))
+        regions.append(r.half().cpu())
+        pooled.append(p.half().cpu())
+        bar.update(len(photos))
+    return torch.cat(regions), torch.cat(pooled)
+
+
+def _merge(done: Sequence[ImageFeatures], description: dict[str, Any], image_dir: str) -> ImageFeatures:
+    """One file's features from several, sorted by name; a name in the file and in a leftover chunk
+    (a kill before the clean-up) counts once."""
+    rows: dict[str, tuple[ImageFeatures, int]] = {}
+    for f in done:
+        for i, n in enumerate(f.names):
+            rows.setdefault(n, (f, i))
+    order = sorted(rows)
+    return ImageFeatures(
+        order,
+        torch.stack([rows[n][0].regions[rows[n][1]] for n in order]),
+        torch.stack([rows[n][0].pooled[rows[n][1]] for n in order]),
+        description,
+        image_dir,
+        {n: rows[n][0].stamps[n] for n in order if n in rows[n][0].stamps},
+    )

@@ -239,6 +239,16 @@ def marian_export(
 ) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
     """Our Transformer -> (Marian config.json, its tensors, generation_config.json). A configuration
     Marian cannot express is a ``ValueError`` naming every such option."""
+    _check_marian_can_express(model)
+    return (
+        _marian_config(model.config, special),
+        _marian_state(model),
+        _marian_generation(model.config, special, decoding),
+    )
+
+
+def _check_marian_can_express(model: Transformer) -> None:
+    """A ``ValueError`` naming every option of ``model`` that a Marian checkpoint has no place for."""
     c = model.config
     problems = [
         text
@@ -260,6 +270,11 @@ def marian_export(
     ]
     if problems:
         raise ValueError("this model cannot be written as a Marian checkpoint: " + "; ".join(problems))
+
+
+def _marian_state(model: Transformer) -> dict[str, Tensor]:
+    """Our state dict under Marian's names (W^Q, W^K, W^V split; interleaved positions permuted)."""
+    c = model.config
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     if c.sinusoidal_layout == "interleaved":
         state = _permute_width(state, _halves_order(c.d_model))
@@ -280,8 +295,13 @@ def marian_export(
         hf_state["lm_head.weight"] = state["generator.weight"]
     bias = state.get("generator.bias", torch.zeros(c.tgt_vocab_size))
     hf_state["final_logits_bias"] = bias.reshape(1, -1).clone()
+    return hf_state
+
+
+def _marian_config(c: TransformerConfig, special: dict[str, int]) -> dict[str, Any]:
+    """Marian's config.json for our TransformerConfig ``c``."""
     pad, bos, eos = special["pad"], special["bos"], special["eos"]
-    hf_config = {
+    return {
         "model_type": "marian",
         "architectures": ["MarianMTModel"],
         "is_encoder_decoder": True,
@@ -308,7 +328,14 @@ def marian_export(
         "tie_word_embeddings": c.tie_output,
         "dtype": "float32",
     }
-    generation = {  # our decoding defaults, as generate() reads them; a * S + b has no HF equivalent
+
+
+def _marian_generation(
+    c: TransformerConfig, special: dict[str, int], decoding: dict[str, Any]
+) -> dict[str, Any]:
+    """generation_config.json: our decoding defaults, as generate() reads them."""
+    pad, bos, eos = special["pad"], special["bos"], special["eos"]
+    return {  # a * S + b has no HF equivalent
         "decoder_start_token_id": bos,
         "eos_token_id": eos,
         "pad_token_id": pad,
@@ -318,4 +345,3 @@ def marian_export(
         "num_beams": decoding.get("beam_size", 1),
         "length_penalty": decoding.get("length_penalty", 1.0),
     }
-    return hf_config, hf_state, generation

@@ -1,0 +1,272 @@
+"""Inference with a trained (or Marian) translation model: :class:`Translator` translates and scores
+text, :func:`load_translator` reads a checkpoint directory, :func:`translation_attention_maps` draws
+its attention for one sentence.
+
+translator = load_translator("runs/multi30k/best")
+translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from scratchformer.core.transformer import Transformer, TransformerConfig
+from scratchformer.data.marian_tokenizer import MarianTokenizer
+from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, save_hf_tokenizer
+from scratchformer.fast import optimize
+from scratchformer.generation import GenerationConfig, generate
+from scratchformer.models.hf_files import write_export
+from scratchformer.models.marian import is_marian_dir, load_marian, marian_export
+from scratchformer.tasks.common import (
+    Generated,
+    check_batch,
+    pad_ids,
+)
+from scratchformer.tools.attention_maps import plot_attention, record_attention
+from scratchformer.training import resolve_device
+from scratchformer.training.checkpoint import load_checked, open_checkpoint
+
+__all__ = [
+    "Translator",
+    "bleu_and_chrf",
+    "check_tokenizer",
+    "load_translator",
+    "read_lines",
+    "translation_attention_maps",
+]
+
+PAD, BOS, EOS = 0, 1, 2  # the ids train_bpe gives <pad>, <s>, </s>
+
+
+def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """Corpus sacreBLEU (13a tokenisation, cased: the defaults) and chrF on detokenised text."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    refs = [list(references)]
+    return {
+        "bleu": bleu.corpus_score(list(hypotheses), refs).score,
+        "chrf": chrf.corpus_score(list(hypotheses), refs).score,
+        "bleu_signature": str(bleu.get_signature()),
+    }
+
+
+def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids without special tokens (an exported tokenizer.json appends EOS for transformers; we add it).
+    Our BPE reads "</s>" or "<pad>" written in a text as text, not as the control ids (a Marian
+    tokenizer keeps transformers' behaviour)."""
+    if isinstance(tokenizer, Tokenizer):
+        tokenizer.encode_special_tokens = True  # (a runtime setting: tokenizer.json does not store it)
+    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+
+class Translator:
+    """A trained model with its tokenizer: text in, text out. ``tokenizer``: a ``tokenizers.Tokenizer``
+    (our recipes) or a :class:`~scratchformer.data.marian_tokenizer.MarianTokenizer`; ``special_ids``:
+    pad / bos (the decoder's first token) / eos, by default our tokenizers' 0 / 1 / 2."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer | MarianTokenizer,
+        decoding: dict[str, Any],
+        device: torch.device,
+        special_ids: dict[str, int] | None = None,
+    ):
+        self.model, self.tokenizer, self.decoding, self.device = model.eval(), tokenizer, decoding, device
+        self.special_ids = special_ids or {"pad": PAD, "bos": BOS, "eos": EOS}
+        self.pad, self.bos, self.eos = (self.special_ids[k] for k in ("pad", "bos", "eos"))
+
+    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
+        limit = self.model.config.max_len - 1
+        return [ids[:limit] + [self.eos] for ids in _encode(self.tokenizer, texts)]  # type: ignore[arg-type]
+
+    def generation_config(self, beam_size: int | None = None, **options: Any) -> GenerationConfig:
+        """The recipe's ``decoding`` section (beam 5 if it names none) and this model's special ids as
+        a :class:`GenerationConfig`, with ``beam_size`` and ``options`` on top (None: keep)."""
+        return GenerationConfig.from_decoding(
+            {"beam_size": 5, **self.decoding},
+            decoder_start_token_id=self.bos,
+            eos_token_id=self.eos,
+            **{"num_beams": beam_size, **options},
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        texts: Sequence[str],
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        batch_size: int = 64,
+    ) -> list[list[Generated]]:
+        """``config.num_return_sequences`` translations of each text (batched by length; in input
+        order): the n best of the beam, or n samples. ``prefix``: every translation starts with it
+        (its tokens are forced). ``seed``: reproducible samples (see :func:`generate`)."""
+        config = config or self.generation_config()
+        check_batch(batch_size, config.num_beams)
+        sources = self.encode_sources(texts)
+        prefix_ids = None
+        if prefix:  # target-side tokens (a Marian model has a target sentencepiece model of its own)
+            target = getattr(self.tokenizer, "encode_target", None)
+            prefix_ids = target(prefix).ids if target else _encode(self.tokenizer, [prefix])[0]  # type: ignore[arg-type]
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        out: list[list[Generated]] = [[] for _ in sources]
+        for start in range(0, len(order), batch_size):
+            index = order[start : start + batch_size]
+            src = pad_ids([sources[i] for i in index], self.device, self.pad)
+            for i, hyps in zip(index, generate(self.model, src, config, prefix_ids, seed)):
+                out[i] = [
+                    Generated(self.tokenizer.decode(h.tokens[:-1]), h.tokens[:-1], h.log_prob, h.score)
+                    for h in hyps
+                ]
+        return out
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        beam_size: int | None = None,
+        batch_size: int = 64,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+    ) -> list[str]:
+        """Translate ``texts`` (batched by length; output in input order). beam_size 1 = greedy;
+        ``config`` (a :class:`GenerationConfig`) instead of the recipe's decoding settings; ``prefix``
+        and ``seed`` as in :meth:`generate`."""
+        config = config or self.generation_config(beam_size)
+        return [n[0].text for n in self.generate(texts, config, prefix, seed, batch_size)]
+
+    def evaluate(
+        self,
+        sources: Sequence[str],
+        references: Sequence[str],
+        beam_size: int | None = None,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        batch_size: int = 64,
+    ) -> dict[str, Any]:
+        hypotheses = self.translate(sources, beam_size, batch_size, config, prefix, seed)
+        return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
+
+    def save_pretrained(self, directory: str | Path, format: str = "hf") -> Path:
+        """Write a Hugging Face Marian directory that ``transformers.MarianMTModel`` and ``AutoTokenizer``
+        load: config.json, model.safetensors, generation_config.json (our decoding defaults) and the
+        tokenizer (tokenizer.json, adding EOS as Marian's tokenizer does; a Marian model's own
+        sentencepiece files are copied). Raises ``ValueError`` naming every option of the model that
+        Marian cannot express."""
+        if format != "hf":
+            raise ValueError(
+                f"format: only 'hf' (a Hugging Face Marian directory) is supported, got {format!r}"
+            )
+        hf_config, state, generation = marian_export(self.model, self.special_ids, self.decoding)
+        tokenizer = self.tokenizer
+
+        def tokenizer_files(tmp: Path) -> None:
+            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+            if isinstance(tokenizer, MarianTokenizer):
+                tokenizer.save(tmp)
+            else:
+                save_hf_tokenizer(tokenizer, tmp, eos=self.eos, max_length=self.model.config.max_len)
+
+        return write_export(directory, hf_config, state, tokenizer_files)
+
+
+def load_translator(directory: str | Path, device: str = "auto") -> Translator:
+    """Our translation checkpoint, or a Hugging Face Marian directory (opus-mt; or our own export)."""
+    if is_marian_dir(directory):
+        model, special, decoding = load_marian(directory)
+        marian_files = (Path(directory) / "source.spm").is_file()
+        tokenizer = (
+            MarianTokenizer(directory) if marian_files else read_tokenizer(Path(directory) / "tokenizer.json")
+        )
+        if tokenizer.get_vocab_size() > model.config.src_vocab_size:  # its ids would not fit the model
+            raise ValueError(
+                f"{directory}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model only "
+                f"{model.config.src_vocab_size}"
+            )
+        dev = resolve_device(device)
+        return Translator(optimize(model).to(dev), tokenizer, decoding, dev, special)
+    directory, config = open_checkpoint(directory, "translation")
+    model_config = TransformerConfig.from_dict(config["model"])
+    tokenizer = read_tokenizer(directory / "tokenizer.json")
+    check_tokenizer(tokenizer, directory / "tokenizer.json", model_config.src_vocab_size)
+    model = optimize(load_checked(directory, lambda: Transformer(model_config)))
+    dev = resolve_device(device)
+    return Translator(model.to(dev), tokenizer, config["decoding"], dev)
+
+
+def check_tokenizer(tokenizer: Tokenizer, path: str | Path, vocab_size: int | None = None) -> None:
+    """A translation tokenizer has <pad>, <s>, </s> at ids 0, 1, 2 (and the model's vocabulary size)."""
+    specials = {
+        name: tokenizer.token_to_id(token) for name, token in zip(("pad", "bos", "eos"), BPE_SPECIAL_TOKENS)
+    }
+    if specials != {"pad": PAD, "bos": BOS, "eos": EOS} or vocab_size not in (
+        None,
+        tokenizer.get_vocab_size(),
+    ):
+        raise ValueError(
+            f"{path} does not belong to this model: {tokenizer.get_vocab_size()} tokens and special ids "
+            f"{specials}; expected pad/bos/eos = {PAD}/{BOS}/{EOS}"
+            + (f" and {vocab_size} tokens" if vocab_size is not None else "")
+        )
+
+
+def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:
+    """Group a stream of lines into lists of ``chunk`` (for streaming translation)."""
+    batch: list[str] = []
+    for line in stream:
+        batch.append(line.strip())  # as the training and test files are read (load_parallel_texts)
+        if len(batch) == chunk:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def translation_attention_maps(
+    translator: Translator, text: str, out_dir: str | Path, beam_size: int = 5
+) -> tuple[str, list[Path]]:
+    """Translate ``text``, then draw every attention module's weights for that sentence pair:
+    encoder self-attention (source x source), decoder self-attention (target x target prefix) and
+    cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    best = translator.generate([text], translator.generation_config(beam_size))[0][0]
+    translation, tgt_ids = best.text, best.tokens  # the generated ids, not the text encoded again
+    src_ids = translator.encode_sources([text])[0]
+
+    def label(i: int) -> str:  # pieces decoded one by one; "▁" marks a word start
+        return translator.tokenizer.decode([i], skip_special_tokens=False).replace(" ", "▁") or f"<{i}>"
+
+    source = [label(i) for i in src_ids[:-1]] + ["</s>"]
+    predicted = [label(i) for i in tgt_ids] + ["</s>"]
+    prefix = [label(translator.bos)] + [label(i) for i in tgt_ids]
+    with torch.no_grad(), record_attention(translator.model) as recorded:
+        pad = translator.pad
+        translator.model(pad_ids([src_ids], pad_id=pad), pad_ids([[translator.bos] + tgt_ids], pad_id=pad))
+    written = []
+    for name, calls in recorded.items():  # e.g. "decoder.layers.2.cross_attn"
+        stack, _, layer, kind = name.split(".")
+        rows, cols = (
+            (source, source)
+            if stack == "encoder"
+            else (predicted, source if kind == "cross_attn" else prefix)
+        )
+        path = out / f"{stack}-layer{layer}-{kind}.png"
+        plot_attention(
+            calls[0][0],
+            rows,
+            cols,
+            path,
+            f"{name}  (rows: {'queries' if stack == 'encoder' else 'predicted'})",
+        )
+        written.append(path)
+    return translation, written
