@@ -190,3 +190,14 @@ def test_functions_and_modules_are_short() -> None:
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
     assert max(functions.values()) > 20 and len(modules) > 50  # the walk saw the package
+
+
+def test_the_tests_mirror_the_package() -> None:
+    """tests/NAME/ checks src/scratchformer/NAME/ (and tests/cli/ the cli package); tests/scripts/ checks
+    scripts/ and benchmarks/; the files directly in tests/ check the repository as a whole."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert folders == subpackages | {"scripts", "fixtures"}, folders ^ (subpackages | {"scripts", "fixtures"})
+    for folder in folders - {"fixtures"}:
+        assert list((tests / folder).glob("test_*.py")), f"tests/{folder}/ has no tests"

@@ -1,5 +1,5 @@
 """Opt-in speed paths. Each is a subclass of a core/ module with the same parameters (so the same
-``state_dict``) and the same values, proven equal to core/ in tests/test_fast.py. One call
+``state_dict``) and the same values, proven equal to core/ in tests/fast/test_fast.py. One call
 switches them on, in place::
 
     model = optimize(model)                      # the tasks and benchmarks do this

@@ -7,7 +7,7 @@ same thing in one fused kernel, forward and backward, with fp32 statistics for b
 (and fp32 gamma and beta applied in fp32, as the core module does). On CPU it is 4.6x faster than
 the written-out formula forward and 7-11x forward + backward (``scripts/fast_path_micro.py``),
 which matters most in bf16, where the matmuls around it are cheap.
-The core module stays the readable reference; tests/test_fast.py holds the two equal.
+The core module stays the readable reference; tests/fast/test_fast.py holds the two equal.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the prefix again (the attention layers read and extend it: :mod:`scratchformer.c
 
 Appending without autograd writes into a buffer that doubles its length when full, so a step
 copies only the new position, not the whole prefix as ``torch.cat`` would (a speed path, tested
-equal to concatenation in tests/test_fast.py).
+equal to concatenation in tests/fast/test_fast.py).
 """
 
 from __future__ import annotations

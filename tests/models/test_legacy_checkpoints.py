@@ -21,7 +21,7 @@ from scratchformer.tasks.captioning import load_captioner
 from scratchformer.tasks.classification import load_classifier
 from scratchformer.tasks.translation import load_translator
 
-FIXTURES = Path(__file__).parent / "fixtures" / "v0.1.0"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "v0.1.0"
 
 
 def _expected(kind: str) -> dict[str, torch.Tensor]:

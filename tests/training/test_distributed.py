@@ -1,6 +1,6 @@
 """Multi-process training under torchrun (CPU, gloo, 2 processes on localhost).
 
-Each torchrun launch runs tests/ddp_worker.py in 2 processes (``--standalone``: a free port is
+Each torchrun launch runs tests/training/ddp_worker.py in 2 processes (``--standalone``: a free port is
 picked, so tests never collide) and takes a few seconds; the single-process references run here.
 """
 
@@ -145,7 +145,7 @@ def test_on_main_gives_every_rank_rank_0s_result_or_error(runs: Path) -> None:
 
 
 def test_cli_train_classifier_under_torchrun(tmp_path: Path) -> None:
-    from test_text_classification import tiny_recipe
+    from tasks.test_text_classification import tiny_recipe
 
     recipe = tiny_recipe(tmp_path).to_dict()
     recipe["train"] = {k: v for k, v in recipe["train"].items() if k != "betas"}

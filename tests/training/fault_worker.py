@@ -1,4 +1,4 @@
-"""A small training run for tests/test_faults.py: ``python fault_worker.py OUT_DIR``.
+"""A small training run for tests/training/test_faults.py: ``python fault_worker.py OUT_DIR``.
 
 It resumes OUT_DIR/last when there is one (the run was killed after a save), else starts afresh
 (replacing whatever a run killed before its first save left). Each step sleeps a little, so that

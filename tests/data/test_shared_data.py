@@ -10,7 +10,7 @@ import pytest
 from scratchformer.data.labelled_texts import default_data_dir, load_labelled_texts
 from scratchformer.tasks.classification import ClassifierRecipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = default_data_dir() if default_data_dir().is_absolute() else (REPO / default_data_dir())
 needs_imdb = pytest.mark.skipif(
     not (DATA / "imdb" / "train.jsonl.gz").is_file(), reason=f"no IMDB data under {DATA}"

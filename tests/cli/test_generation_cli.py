@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from test_translation import tiny_recipe
+from tasks.test_translation import tiny_recipe
 
 from scratchformer.cli import main
 from scratchformer.tasks.translation import train_translation

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sample_lines.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sample_lines.py"
 
 
 def _run(*args: object) -> subprocess.CompletedProcess:

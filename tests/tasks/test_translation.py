@@ -258,7 +258,7 @@ def test_streamed_lines_are_stripped_as_training_reads_them() -> None:
 
 def test_committed_recipe_is_valid() -> None:
     recipe = TranslationRecipe.from_json(
-        Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.json"
+        Path(__file__).resolve().parents[2] / "recipes" / "multi30k_de_en.json"
     )
     assert recipe.train.schedule == "inverse_sqrt" and recipe.label_smoothing == 0.1
     assert math.isclose(recipe.decoding["beam_size"], 5)

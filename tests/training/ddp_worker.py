@@ -1,6 +1,7 @@
-"""The training runs of tests/test_distributed.py, one process per rank (launched by torchrun).
+"""The training runs of tests/training/test_distributed.py, one process per rank (launched by torchrun).
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_worker.py OUT SCENARIO...
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        tests/training/ddp_worker.py OUT SCENARIO...
 
 Scenarios (each writes under OUT/SCENARIO/):
     equivalence  dropout 0, batch 4 per rank, 2 micro-batches accumulated, 12 steps; every rank

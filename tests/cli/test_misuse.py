@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_text_classification import tiny_recipe as tiny_classifier_recipe
+from tasks.test_text_classification import tiny_recipe as tiny_classifier_recipe
 
 import scratchformer as sf
 from scratchformer.cli import main
@@ -27,7 +27,7 @@ from scratchformer.training import TrainConfig
 from scratchformer.training.checkpoint import load_weights, save_checkpoint
 from scratchformer.training.recipe import load_recipe
 
-FIXTURES = Path(__file__).parent / "fixtures" / "v0.1.0"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "v0.1.0"
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str]:
@@ -471,7 +471,7 @@ def test_hugging_face_datasets_get_the_jsonl_loaders_label_handling(monkeypatch)
 
 
 def test_a_validation_reference_longer_than_the_model_is_evaluated_not_a_crash(tmp_path: Path) -> None:
-    from test_translation import tiny_recipe as tiny_translation_recipe
+    from tasks.test_translation import tiny_recipe as tiny_translation_recipe
 
     from scratchformer.tasks.translation import train_translation
 

@@ -21,7 +21,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
 
-from test_translation import tiny_recipe  # noqa: E402
+from tasks.test_translation import tiny_recipe  # noqa: E402
 
 from scratchformer.cli import main  # noqa: E402
 from scratchformer.core.embedding import SinusoidalPositionalEncoding, sinusoidal_table  # noqa: E402
@@ -779,7 +779,7 @@ def test_trained_classifier_exports_through_the_cli(tmp_path: Path, capsys) -> N
     """Our IMDB-style recipe made post-LN, trained; exported; BertModel + the saved head give our
     probabilities."""
     from safetensors.torch import load_file
-    from test_text_classification import tiny_recipe as classifier_recipe
+    from tasks.test_text_classification import tiny_recipe as classifier_recipe
 
     from scratchformer.tasks.classification import load_classifier, train_classifier
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "copy_trained_positions.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "copy_trained_positions.py"
 KEY = "bert.embeddings.position_embeddings.weight"
 
 

@@ -8,7 +8,7 @@ across processes. Timings are left out of the comparison. Weights are compared t
 bytes, which holds on the machine the values were recorded on (another CPU's kernels may round
 differently in the last bit).
 
-Record anew (only on purpose): ``GOLDEN_RECORD=1 python -m pytest tests/test_golden_runs.py``.
+Record anew (only on purpose): ``GOLDEN_RECORD=1 python -m pytest tests/tasks/test_golden_runs.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from scratchformer.tasks.classification import ClassifierRecipe, train_classifie
 from scratchformer.tasks.masked_lm import MLMRecipe, pretrain_mlm
 from scratchformer.tasks.translation import TranslationRecipe, train_translation
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "golden"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 GOLDEN = FIXTURES / "runs.json"
 TIMING = ("items_per_s", "seconds")
 TRAIN = {

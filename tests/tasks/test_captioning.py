@@ -526,7 +526,7 @@ def test_a_run_killed_in_scst_before_its_first_save_resumes(tmp_path: Path, monk
 def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    from test_generation_cli import spy_on_decoding
+    from cli.test_generation_cli import spy_on_decoding
 
     recipe = tiny_recipe(tmp_path, max_steps=1, warmup_steps=0, eval_every=0)
     recipe.shapes = {"seed": 0, "train_size": 4, "valid_size": 2, "test_size": 5}
@@ -555,6 +555,6 @@ def test_cli_evaluate_decodes_with_the_batch_size_and_precision_given(
 
 def test_committed_recipe_is_valid() -> None:
     recipe = CaptioningRecipe.from_json(
-        Path(__file__).resolve().parents[1] / "recipes" / "shapes_captioning.json"
+        Path(__file__).resolve().parents[2] / "recipes" / "shapes_captioning.json"
     )
     assert recipe.data == "shapes" and recipe.train.best_metric == "bleu4"

@@ -30,7 +30,7 @@ from scratchformer.tasks.captioning import (
 )
 from scratchformer.training import TrainConfig
 
-DATA = Path(os.environ.get("SCRATCHFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = Path(os.environ.get("SCRATCHFORMER_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 FLICKR = DATA / "flickr8k"
 needs_flickr = pytest.mark.skipif(not (FLICKR / "captions.txt").is_file(), reason=f"no Flickr8k under {DATA}")
 DOG = "1001773457_577c3a7d70.jpg"  # two dogs on a road, in the train split
@@ -621,5 +621,5 @@ def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
 
 
 def test_committed_flickr8k_recipe_is_valid() -> None:
-    recipe = CaptioningRecipe.from_json(Path(__file__).resolve().parents[1] / "recipes" / "flickr8k.json")
+    recipe = CaptioningRecipe.from_json(Path(__file__).resolve().parents[2] / "recipes" / "flickr8k.json")
     assert recipe.data == "flickr8k" and recipe.memory == "regions" and recipe.captions_per_image == 5

@@ -118,7 +118,7 @@ def test_train_epochs_flag_replaces_the_recipe_max_steps(
         function,
         lambda recipe, data_dir, resume: trained.append(recipe.train) or {},
     )
-    config = str(Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}.json")
+    config = str(Path(__file__).resolve().parents[2] / "recipes" / f"{recipe}.json")
     for flags in ([], ["--epochs", "3"], ["--epochs", "3", "--max-steps", "7"]):
         assert main(["train", task, "--config", config, *flags]) == 0
     default, epochs, both = trained
