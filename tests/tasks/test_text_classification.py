@@ -281,3 +281,19 @@ def test_a_given_tokenizer_makes_fresh_runs_use_one_vocabulary(tmp_path: Path, m
     second.train.epochs, second.tokenizer = 1, str(saved)
     train_classifier(second)
     assert (tmp_path / "b" / "run" / "best" / "tokenizer.json").read_text() == saved.read_text()
+
+
+def test_a_run_whose_metric_stops_improving_ends_early_and_says_so(tmp_path: Path) -> None:
+    """train.patience 1 and a learning rate too small to move the accuracy: the second evaluation is
+    no better than the first, so the run ends there, and report.json and metrics.jsonl say so."""
+    import dataclasses
+
+    recipe = tiny_recipe(tmp_path)
+    recipe.train = dataclasses.replace(recipe.train, lr=1e-12, patience=1)
+    report = train_classifier(recipe)
+    assert report["stopped_early"] == {"step": 40, "best_step": 20, "patience": 1}, report.get(
+        "stopped_early"
+    )
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["stopped_early"]["step"] == 40
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in log) == 40 and any("early_stop" in r for r in log)
