@@ -5,8 +5,9 @@ those inside functions included:
 
     core        imports nothing else of the package (the paper)
     fast        core, fast                 generation  core, generation
-    models      core, fast, models         data        data
-    tools       core, tools                training    training
+    files       files (care for written files: locks, permissions)
+    models      core, fast, models         data        data, files
+    tools       core, tools                training    training, files
     tasks       anything below, tasks.common, never another task (a task that is a package, as
                 tasks/captioning/, imports its own modules)
     cli (the command line, a package), __main__.py, __init__.py: anything
@@ -31,10 +32,11 @@ ALLOWED = {
     "fast": {"core", "fast"},
     "generation": {"core", "generation"},
     "models": {"core", "fast", "models"},
-    "data": {"data"},
+    "files": {"files"},
+    "data": {"data", "files"},
     "tools": {"core", "tools"},
-    "training": {"training"},
-    "tasks": {"core", "fast", "generation", "models", "data", "tools", "training", "tasks"},
+    "training": {"training", "files"},
+    "tasks": {"core", "fast", "generation", "models", "data", "files", "tools", "training", "tasks"},
 }
 TOP = {"cli", "__main__", "__init__"}  # may import anything (cli: every module of the cli/ package)
 

@@ -815,3 +815,24 @@ def test_encoders_bert_cannot_express_are_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"norm_first=True \(BERT is post-LN\).*embedding_norm=False"):
         classifier.save_pretrained(tmp_path / "x")
+
+
+def test_an_export_is_written_as_the_umask_says(tmp_path: Path) -> None:
+    """A shared folder can read an export: its folder and files follow the umask (safetensors alone
+    writes 0600, mkdtemp 0700)."""
+    import os
+
+    import torch
+
+    from scratchformer.models.hf_files import write_export
+
+    old = os.umask(0o022)
+    try:
+        out = write_export(tmp_path / "export", {"model_type": "bert"}, {"w": torch.zeros(2)})
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o755
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        "model.safetensors": 0o644,
+        "config.json": 0o644,
+    }

@@ -17,8 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from scratchformer.cli import evaluate, inference, tools, train
+from scratchformer.cli.options import check_common_flags
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_OK", "build_parser", "main"]
 
 # The subcommands, in the order ``--help`` and the command line reference list them.
 _COMMANDS = [
@@ -37,11 +38,21 @@ _COMMANDS = [
 ]
 
 
+# The exit codes of every command (docs/reference/cli.md shows this table).
+EXIT_OK = 0  # done
+EXIT_BUG = 1  # an unexpected exception: a bug in scratchformer (--debug shows the traceback)
+EXIT_BAD_INPUT = 2  # bad input or usage: a bad flag, file, recipe or checkpoint, named on one line
+EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C: KeyboardInterrupt), as a shell reports SIGINT
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from scratchformer import __version__
+
     parser = argparse.ArgumentParser(
         prog="scratchformer",
         description="The Transformer of 'Attention Is All You Need', from scratch in PyTorch.",
     )
+    parser.add_argument("--version", action="version", version=f"scratchformer {__version__}")
     parser.add_argument(
         "--debug",
         action="store_true",
@@ -57,28 +68,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. ``torchrun --nproc-per-node N -m scratchformer train ...`` runs a
     ``train`` command in N processes (the trainer joins them; see docs/guides/distributed.md).
 
-    An error is one line on stderr naming the problem, exit code 2; ``--debug`` (or
-    SCRATCHFORMER_DEBUG=1) shows the traceback instead.
+    Exit codes: 0 done; 2 bad input or usage (one line on stderr naming the problem: argparse's
+    usage errors, and a ValueError, TypeError or OSError of the command); 130 interrupted (one
+    line, "interrupted"); 1 an unexpected exception, a bug (one line, "--debug for the
+    traceback"). ``--debug`` (or SCRATCHFORMER_DEBUG=1) shows the traceback instead of the line.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args([a for a in argv if a != "--debug"])
-    args.debug = "--debug" in argv
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])  # usage errors: exit 2
+    args.debug = "--debug" in argv or bool(os.environ.get("SCRATCHFORMER_DEBUG"))
     try:
+        check_common_flags(args)
         code = args.func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SystemExit as e:  # a command's own "error: ..." exit is bad input too
+        if isinstance(e.code, str):
+            print(e.code if e.code.startswith("error:") else f"error: {e.code}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        raise
     except Exception as e:  # every error becomes one line (the traceback behind --debug)
-        if args.debug or os.environ.get("SCRATCHFORMER_DEBUG"):
+        if args.debug:
             raise
         message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-        print(
-            f"error: {message}"
-            + (
-                ""
-                if isinstance(e, (ValueError, TypeError, OSError))
-                else f" ({type(e).__name__}; --debug for the traceback)"
-            ),
-            file=sys.stderr,
-        )
-        return 2
+        if isinstance(e, (ValueError, TypeError, OSError)):
+            print(f"error: {message}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"error: {message} ({type(e).__name__}: a bug; --debug for the traceback)", file=sys.stderr)
+        return EXIT_BUG
     if args.command == "train":
         from scratchformer.training import distributed
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from scratchformer.cli.options import add_generation_options, checkpoint_kind, generation_options, positive
+from scratchformer.cli.paths import refuse_output_over_input
 
 __all__ = ["add_evaluate"]
 
@@ -35,10 +36,14 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         "--split", help="captioning: the split of --flickr8k (default dev) or --karpathy (default test)"
     )
     evaluate.add_argument(
-        "--features", help="captioning: image features file to reuse (extracted into it if missing)"
+        "--features",
+        help="captioning, a photo model: image features file to reuse (extracted into it if missing)",
     )
     add_generation_options(evaluate)
-    evaluate.add_argument("--output", help="translation/captioning: write the hypotheses here")
+    evaluate.add_argument(
+        "--output",
+        help="translation/captioning: write the hypotheses here (never over a file it reads)",
+    )
     evaluate.add_argument("--text-field", default="text")
     evaluate.add_argument("--label-field", default="label")
     evaluate.add_argument("--batch-size", type=positive, default=64, help="examples per batch")
@@ -51,6 +56,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    _refuse_outputs_over_inputs(args)
     kind = checkpoint_kind(args.checkpoint)
     args.generation = generation_options(args)
     if kind not in ("translation", "captioning") and (args.generation or args.prefix):
@@ -65,6 +71,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     return _evaluate_classifier(args)
 
 
+_INPUTS = ("checkpoint", "data", "source", "reference", "captions", "images", "flickr8k", "karpathy")
+
+
+def _refuse_outputs_over_inputs(args: argparse.Namespace) -> None:
+    """``--output`` (the hypotheses) and ``--features`` (written when photos are missing from it) must
+    not be, or link to, a file the command reads, nor an existing file in a folder it reads."""
+    inputs = {f"--{name}": getattr(args, name) for name in _INPUTS}
+    refuse_output_over_input({"--output": args.output}, {**inputs, "--features": args.features})
+    files = {
+        flag: path for flag, path in inputs.items() if flag not in ("--checkpoint", "--images", "--flickr8k")
+    }
+    refuse_output_over_input({"--features": args.features}, files)
+
+
 def _evaluate_classifier(args: argparse.Namespace) -> int:
     import json
 
@@ -72,7 +92,7 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
     from scratchformer.tasks.classification import load_classifier
 
     if not args.data:
-        raise SystemExit("error: --data FILE is required to evaluate a classifier")
+        raise ValueError("--data FILE is required to evaluate a classifier")
     clf = load_classifier(args.checkpoint, device=args.device)
     data = load_labelled_texts(args.data, args.text_field, args.label_field, clf.label_names)
     metrics = clf.evaluate(data, batch_size=args.batch_size, precision=args.precision)
@@ -104,15 +124,13 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
     from scratchformer.tasks.translation import load_translator
 
     if not (args.source and args.reference):
-        raise SystemExit(
-            "error: --source FILE and --reference FILE are required to evaluate a translation model"
-        )
+        raise ValueError("--source FILE and --reference FILE are required to evaluate a translation model")
     with open_text(args.source) as f:  # lines as training and the recipe's test read them (strip)
         sources = [line.strip() for line in f]
     with open_text(args.reference) as f:
         references = [line.strip() for line in f]
     if len(sources) != len(references):
-        raise SystemExit(f"error: {len(sources)} source lines but {len(references)} reference lines")
+        raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines")
     translator = load_translator(args.checkpoint, device=args.device)
     with _autocast(translator.device, args.precision):
         scores = translator.evaluate(
@@ -127,32 +145,22 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
 
 
 def _evaluate_captioning(args: argparse.Namespace) -> int:
-    from scratchformer.data.caption_corpora import load_flickr8k, load_karpathy_json
-    from scratchformer.data.captions import CaptionExamples, load_caption_folder
     from scratchformer.tasks.captioning import load_captioner
 
     if not (args.flickr8k or args.karpathy or (args.captions and args.images)):
-        raise SystemExit(
-            "error: a captioning model is evaluated on --flickr8k DIR, --karpathy JSON --images DIR, "
+        raise ValueError(
+            "a captioning model is evaluated on --flickr8k DIR, --karpathy JSON --images DIR, "
             "or --captions TSV --images DIR"
         )
     if args.karpathy and not args.images:
-        raise SystemExit("error: --karpathy JSON needs --images DIR (the folder its file paths are under)")
+        raise ValueError("--karpathy JSON needs --images DIR (the folder its file paths are under)")
     captioner = load_captioner(args.checkpoint, device=args.device)
-    if args.flickr8k or args.karpathy:
-        corpus = (
-            load_flickr8k(args.flickr8k, args.split or "dev")
-            if args.flickr8k
-            else load_karpathy_json(args.karpathy, args.images, args.split or "test")
+    if args.features and captioner.photos is None:
+        raise ValueError(
+            "--features: this model was not trained on photographs through the image encoder; it reads "
+            + ("the images themselves" if captioner.model.config.input == "pixels" else "the feature files")
         )
-        print(corpus.report(), file=sys.stderr)
-        examples = CaptionExamples(captioner.corpus_features(corpus, args.features), corpus.references)
-    else:
-        examples, _ = load_caption_folder(
-            args.captions,
-            args.images,
-            captioner.model.config.image_size if captioner.model.config.input == "pixels" else None,
-        )
+    examples = _caption_examples(args, captioner)
     with _autocast(captioner.device, args.precision):
         scores = captioner.evaluate(
             examples,
@@ -167,6 +175,39 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
         "BLEU-1 {bleu1:.2f}  BLEU-2 {bleu2:.2f}  BLEU-3 {bleu3:.2f}  BLEU-4 {bleu4:.2f}  "
         "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)",
     )
+
+
+def _caption_examples(args: argparse.Namespace, captioner):
+    """The test images with their references, as the model reads them, from any form training takes:
+    a photo model's photographs (Flickr8k, Karpathy JSON or a captions TSV) through its image encoder
+    (``--features``: reused or extracted into), else a captions TSV's images or feature files."""
+    from pathlib import Path
+
+    from scratchformer.data.caption_corpora import CaptionCorpus, load_flickr8k, load_karpathy_json
+    from scratchformer.data.captions import (
+        CaptionExamples,
+        find_caption_file,
+        load_caption_folder,
+        read_captions_tsv,
+    )
+
+    if args.flickr8k or args.karpathy:
+        corpus = (
+            load_flickr8k(args.flickr8k, args.split or "dev")
+            if args.flickr8k
+            else load_karpathy_json(args.karpathy, args.images, args.split or "test")
+        )
+        print(corpus.report(), file=sys.stderr)
+    elif captioner.photos is not None:  # a photo model: the TSV names photographs, encoded as in training
+        references, folder = read_captions_tsv(args.captions), Path(args.images)
+        names = [find_caption_file(folder, i).relative_to(folder).as_posix() for i in references]
+        corpus = CaptionCorpus(folder, names, list(references.values()))
+    else:
+        config = captioner.model.config
+        return load_caption_folder(
+            args.captions, args.images, config.image_size if config.input == "pixels" else None
+        )[0]
+    return CaptionExamples(captioner.corpus_features(corpus, args.features), corpus.references)
 
 
 def _autocast(device, precision: str):

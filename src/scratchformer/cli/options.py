@@ -7,11 +7,16 @@ import argparse
 
 __all__ = [
     "add_generation_options",
+    "add_progress_option",
+    "add_threads_option",
+    "check_common_flags",
+    "check_device",
     "checkpoint_kind",
     "generation_options",
     "non_negative",
     "positive",
     "print_outputs",
+    "seed",
 ]
 
 
@@ -29,6 +34,82 @@ def non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+MAX_SEED = 2**63 - 1  # torch's generators take 64-bit seeds; the runs add small offsets to them
+
+
+def seed(text: str) -> int:
+    """argparse type: a random seed, an integer in [0, 2**63 - 1] (``1e23`` or ``10**30`` are refused
+    here, not as an OverflowError deep in torch)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {value}")
+    return value
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's CPU threads; the default (and 0) leaves torch's own choice. Negative
+    values are refused by the parser."""
+    parser.add_argument(
+        "--threads",
+        type=non_negative,
+        default=None,
+        help="torch CPU threads (default or 0: torch's choice)",
+    )
+
+
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress``: no progress bar (logs, CI); the command reads ``args.no_progress``."""
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+# Flags that contradict each other, whichever command has them: (flag, flag, why).
+_EXCLUSIVE_FLAGS = [
+    (
+        "resume",
+        "overwrite",
+        "--resume continues the run in OUT and --overwrite replaces it: give one of them",
+    ),
+]
+
+
+def check_common_flags(args: argparse.Namespace) -> None:
+    """What ``main`` checks of every command before it runs: no contradicting flags together, and a
+    ``--device`` that names a device of this machine."""
+    for first, second, why in _EXCLUSIVE_FLAGS:
+        if getattr(args, first, None) and getattr(args, second, None):
+            raise ValueError(why)
+    check_device(getattr(args, "device", None))
+
+
+def check_device(name: str | None) -> None:
+    """``--device``: auto (or not given), cpu, cuda, cuda:N or mps, and one this machine has; else a
+    ValueError naming it (not a RuntimeError from deep inside torch once the model is loaded)."""
+    if name is None or name == "auto":
+        return
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:N or mps)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise ValueError(f"--device {name!r}: CUDA is not available on this machine (use cpu or auto)")
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"--device {name!r}: this machine has {count} CUDA device(s), cuda:0..{count - 1}"
+            )
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"--device {name!r}: Apple's MPS is not available on this machine")
+    elif device.type != "cpu":
+        raise ValueError(f"--device {name!r}: not supported (auto, cpu, cuda, cuda:N or mps)")
 
 
 _GENERATION_FLAGS = {
@@ -84,7 +165,7 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
         "--min-len", type=non_negative, default=None, help="no end of sentence before this many tokens"
     )
     g.add_argument(
-        "--seed", type=int, default=None, help="sampling: reproducible samples (the same in any batch)"
+        "--seed", type=seed, default=None, help="sampling: reproducible samples (the same in any batch)"
     )
     g.add_argument(
         "--prefix", default=None, help="every output starts with this text (its tokens are forced)"
@@ -147,14 +228,21 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
 
-def checkpoint_kind(checkpoint: str) -> str | None:
+def checkpoint_kind(checkpoint: str) -> str:
     """The "kind" a checkpoint's config.json records; a Hugging Face Marian directory is a translation
-    model."""
+    model, our classifier export a text classifier. Any other directory is an error naming what it
+    holds (a Hugging Face export, or a config.json with no kind) and what the commands take."""
+    from scratchformer.models.hf_files import CLASSIFIER_EXPORT_KEY, foreign_checkpoint
     from scratchformer.models.marian import is_marian_dir
     from scratchformer.training.checkpoint import load_config, resolve_checkpoint
 
-    return (
-        "translation"
-        if is_marian_dir(checkpoint)
-        else load_config(resolve_checkpoint(checkpoint)).get("kind")
-    )
+    if is_marian_dir(checkpoint):
+        return "translation"
+    directory = resolve_checkpoint(checkpoint)
+    config = load_config(directory)
+    if CLASSIFIER_EXPORT_KEY in config:
+        return "text_classifier"
+    kind = config.get("kind")
+    if not isinstance(kind, str):
+        raise ValueError(foreign_checkpoint(directory, config, "scratchformer"))
+    return kind

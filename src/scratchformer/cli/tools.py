@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from scratchformer.cli.options import checkpoint_kind, non_negative, positive
+from scratchformer.cli.options import add_progress_option, add_threads_option, checkpoint_kind, positive, seed
 
 __all__ = ["add_attention", "add_demo", "add_export", "add_features", "add_shapes"]
 
@@ -17,11 +17,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="train a tiny encoder-decoder on a synthetic task (offline, < 1 min)")
     demo.add_argument("--task", choices=["reverse", "sort"], default="reverse")
     demo.add_argument("--steps", type=positive, default=700, help="training steps (default 700)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument(
-        "--threads", type=non_negative, default=0, help="torch CPU threads (default: torch's choice)"
-    )
-    demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    demo.add_argument("--seed", type=seed, default=0)
+    add_threads_option(demo)
+    add_progress_option(demo)
     figure = demo.add_mutually_exclusive_group()
     figure.add_argument(
         "--figure",
@@ -79,7 +77,12 @@ def add_features(sub: argparse._SubParsersAction) -> None:
     )
     features.add_argument("--batch-size", type=positive, default=32)
     features.add_argument("--device", default="auto")
-    features.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_progress_option(features)
+    features.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse files of --images that are not images (default: skip them, with a count)",
+    )
     features.set_defaults(func=_features)
 
 
@@ -96,6 +99,7 @@ def _features(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=device,
         progress=not args.no_progress,
+        strict=args.strict,
     )
     print(
         f"{args.out}: {len(features.names)} images, regions {tuple(features.regions.shape)}, "
@@ -110,7 +114,7 @@ def add_shapes(sub: argparse._SubParsersAction) -> None:
         "--split", choices=["train", "valid", "test_seen", "test_heldout"], default="test_heldout"
     )
     shapes.add_argument("--count", type=positive, default=8)
-    shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--seed", type=seed, default=0)
     shapes.add_argument("--out", default="shapes")
     shapes.set_defaults(func=_shapes)
 

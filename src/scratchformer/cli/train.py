@@ -1,10 +1,11 @@
-"""``scratchformer train classifier | translation | mlm | captioner``: a recipe, overridden by flags."""
+"""``scratchformer train classifier | translation | mlm | captioner``: a recipe, changed by ``--set
+KEY=VALUE`` (any field) and by the shorthand flags (``--epochs``, ``--out``, ...), which win."""
 
 from __future__ import annotations
 
 import argparse
 
-from scratchformer.cli.options import non_negative, positive
+from scratchformer.cli.options import add_progress_option, add_threads_option, positive, seed
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR, default_data_dir
 
 __all__ = ["add_train"]
@@ -80,8 +81,9 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=positive, help="optimizer steps in total (instead of epochs)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device")
-    parser.add_argument("--threads", type=non_negative)
-    parser.add_argument("--seed", type=int)
+    add_threads_option(parser)
+    parser.add_argument("--seed", type=seed)
+    add_progress_option(parser)
     parser.add_argument("--resume", action="store_true", help="continue from OUT/last")
     parser.add_argument(
         "--overwrite",
@@ -89,21 +91,57 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="replace an earlier run in OUT (default: refuse to train over it)",
     )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any recipe field, as the file would: train.lr=3e-4, model.dropout=0.2, "
+        "decoding.beam_size=4 (VALUE is JSON where it parses, else text; repeatable; "
+        "the flags above win over it)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved recipe (defaults, --set and flags applied) as JSON and exit",
+    )
 
 
 def _train_overrides(args: argparse.Namespace) -> dict:
+    """The ``train`` fields the flags give (applied after ``--set``, so they win over it)."""
+    from scratchformer.training.recipe import parse_set
+
+    if args.resume and any(parse_set(s) == (["train", "overwrite"], True) for s in args.sets):
+        raise ValueError(  # as --resume --overwrite is: the flags are shorthands for --set
+            "--resume continues the run in OUT and --set train.overwrite=true replaces it: give one of them"
+        )
     overrides = {
         field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None
     }
     if args.epochs is not None and args.max_steps is None:
         overrides["max_steps"] = None  # the epochs asked for, not the recipe's max_steps, end the run
+    if args.no_progress:
+        overrides["progress"] = False
     return overrides
 
 
-def _train_classifier(args: argparse.Namespace) -> int:
+def _run_recipe(args: argparse.Namespace, recipe, run, summarize=None) -> int:
+    """``--print-config``: print the resolved recipe (a JSON recipe to save and rerun), train nothing;
+    else run it and print its report (``summarize``d; once, under torchrun)."""
     import json
 
+    if args.print_config:
+        _print_on_main(json.dumps(recipe.to_dict(), indent=2))
+        return 0
+    report = run(recipe, args.data_dir or default_data_dir(), resume=args.resume)
+    _print_on_main(json.dumps(summarize(report) if summarize else report, indent=2))
+    return 0
+
+
+def _train_classifier(args: argparse.Namespace) -> int:
     from scratchformer.tasks.classification import ClassifierRecipe, train_classifier
+    from scratchformer.training.recipe import load_recipe
 
     overrides: dict = {}
     if args.train:
@@ -112,21 +150,18 @@ def _train_classifier(args: argparse.Namespace) -> int:
         overrides["test_file"] = args.test
     if args.pretrained:
         overrides["pretrained"] = args.pretrained
-    train_overrides = _train_overrides(args)
-    if args.config:
-        recipe = ClassifierRecipe.from_json(args.config, train=train_overrides, **overrides)
-    elif args.train:
-        from scratchformer.training import TrainConfig
+    if not (args.config or args.train or any(s.startswith("train_file=") for s in args.sets)):
+        raise ValueError("give --config RECIPE.json or --train FILE")
+    # without --config, the recipe's defaults, with --set and the flags
+    recipe = load_recipe(ClassifierRecipe, args.config, args.sets, train=_train_overrides(args), **overrides)
 
-        recipe = ClassifierRecipe(**overrides, train=TrainConfig(**train_overrides))
-    else:
-        raise SystemExit("error: give --config RECIPE.json or --train FILE")
-    report = train_classifier(recipe, args.data_dir or default_data_dir(), resume=args.resume)
-    summary = {k: v for k, v in report.items() if k != "test"}
-    if "test" in report:
-        summary["test"] = {k: report["test"][k] for k in ("accuracy", "macro_f1", "n")}
-    _print_on_main(json.dumps(summary, indent=2))
-    return 0
+    def summarize(report: dict) -> dict:
+        summary = {k: v for k, v in report.items() if k != "test"}
+        if "test" in report:
+            summary["test"] = {k: report["test"][k] for k in ("accuracy", "macro_f1", "n")}
+        return summary
+
+    return _run_recipe(args, recipe, train_classifier, summarize)
 
 
 def _print_on_main(text: str) -> None:
@@ -138,14 +173,10 @@ def _print_on_main(text: str) -> None:
 
 
 def _train_from_recipe(args: argparse.Namespace, recipe_cls: type, run, **overrides) -> int:
-    """The ``train`` commands driven by a recipe alone: read it (the flags override its fields and
-    its ``train`` section), run it, print the report (once, under torchrun)."""
-    import json
-
-    recipe = recipe_cls.from_json(args.config, **overrides, train=_train_overrides(args))
-    report = run(recipe, args.data_dir or default_data_dir(), resume=args.resume)
-    _print_on_main(json.dumps(report, indent=2))
-    return 0
+    """The ``train`` commands driven by a recipe alone: read it (``--set``, then the flags, change its
+    fields and its ``train`` section), run it (or print it), print the report."""
+    recipe = recipe_cls.from_json(args.config, args.sets, **overrides, train=_train_overrides(args))
+    return _run_recipe(args, recipe, run)
 
 
 def _train_translation(args: argparse.Namespace) -> int:

@@ -55,14 +55,17 @@ class CaptionCorpus:
 
 def _collect(image_dir: Path, rows: list[tuple[str, str]], wanted: list[str] | None) -> CaptionCorpus:
     """Group (image, caption) rows by image, keeping ``wanted`` images (None: all, in first-seen
-    order); count empty captions, images without captions and image files that do not exist."""
+    order); count empty captions, captions repeated for their image (kept once), images without
+    captions and image files that do not exist."""
     problems: Counter[str] = Counter()
     captions: dict[str, list[str]] = {}
     for image, caption in rows:
         if not caption.strip():
             problems["empty caption"] += 1
-            continue
-        captions.setdefault(image, []).append(caption.strip())
+        elif caption.strip() in captions.setdefault(image, []):
+            problems["caption repeated for its image"] += 1
+        else:
+            captions[image].append(caption.strip())
     names = list(captions) if wanted is None else wanted
     kept_names, kept_refs = [], []
     for name in names:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from scratchformer.data.image_features import read_photo
 from scratchformer.data.labelled_texts import open_text
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "load_caption_folder",
     "load_cs231n_captions",
     "load_image",
+    "read_captions_tsv",
     "caption_words",
     "save_caption_folder",
     "tokenize_caption",
@@ -219,11 +222,12 @@ def load_cs231n_captions(
 
 
 def load_image(path: str | Path, image_size: int | None = None) -> Tensor:
-    """An image file as (3, H, W) uint8 RGB; resized to ``image_size`` x ``image_size`` if given."""
+    """An image file as (3, H, W) uint8 RGB (upright, 8 bits, transparency over white: see
+    :func:`~scratchformer.data.image_features.photo_rgb`); resized to ``image_size`` x ``image_size``
+    if given. Errors name the file."""
     from PIL import Image
 
-    with Image.open(path) as file:
-        rgb = file.convert("RGB")
+    rgb = read_photo(path)
     if image_size is not None and rgb.size != (image_size, image_size):
         rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
@@ -233,7 +237,8 @@ _FEATURE_SUFFIXES = (".npy",)
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
-def _find_file(folder: Path, image_id: str) -> Path:
+def find_caption_file(folder: Path, image_id: str) -> Path:
+    """The file of ``image_id`` in ``folder``: the name itself, or with .npy, .png, .jpg, .jpeg added."""
     for candidate in [folder / image_id] + [
         folder / f"{image_id}{s}" for s in _FEATURE_SUFFIXES + _IMAGE_SUFFIXES
     ]:
@@ -244,17 +249,14 @@ def _find_file(folder: Path, image_id: str) -> Path:
     )
 
 
-def load_caption_folder(
-    captions_tsv: str | Path, folder: str | Path, image_size: int | None = None
-) -> tuple[CaptionExamples, list[str]]:
-    """Per-image files in ``folder`` with captions from ``captions_tsv`` (``image_id<TAB>caption``).
-
-    Returns the examples (images (N, 3, H, W) uint8, resized to ``image_size`` if given, or
-    features (N, D_img) / (N, R, D_img) float) and the image ids, in order of first appearance.
-    """
+def read_captions_tsv(captions_tsv: str | Path) -> dict[str, list[str]]:
+    """``image_id<TAB>caption`` lines -> each image id's captions, in order of first appearance.
+    Refused: a line without a tab, an image id outside the folder, an empty caption, no captions at
+    all; a caption repeated for the same image counts once (how many is printed on stderr)."""
     references: dict[str, list[str]] = {}
     with open_text(captions_tsv) as f:
         lines = f.read().splitlines()
+    duplicates = 0
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -267,10 +269,34 @@ def load_caption_folder(
                 f"{captions_tsv}:{number}: image id {image_id!r} is not a file name inside the images "
                 "folder (no absolute paths, no '..')"
             )
-        references.setdefault(image_id, []).append(caption.strip())
+        if not caption.strip():
+            raise ValueError(f"{captions_tsv}:{number}: empty caption for image {image_id!r}")
+        captions = references.setdefault(image_id, [])
+        if caption.strip() in captions:
+            duplicates += 1
+        else:
+            captions.append(caption.strip())
     if not references:
         raise ValueError(f"{captions_tsv}: no captions")
-    files = {i: _find_file(Path(folder), i) for i in references}
+    if duplicates:
+        print(
+            f"{captions_tsv}: {duplicates} captions repeated for the same image, each counted once",
+            file=sys.stderr,
+        )
+    return references
+
+
+def load_caption_folder(
+    captions_tsv: str | Path, folder: str | Path, image_size: int | None = None
+) -> tuple[CaptionExamples, list[str]]:
+    """Per-image files in ``folder`` with captions from ``captions_tsv`` (``image_id<TAB>caption``,
+    read by :func:`read_captions_tsv`).
+
+    Returns the examples (images (N, 3, H, W) uint8, resized to ``image_size`` if given, or
+    features (N, D_img) / (N, R, D_img) float) and the image ids, in order of first appearance.
+    """
+    references = read_captions_tsv(captions_tsv)
+    files = {i: find_caption_file(Path(folder), i) for i in references}
     kinds = {p.suffix.lower() in _FEATURE_SUFFIXES for p in files.values()}
     if len(kinds) > 1:
         raise ValueError(f"{folder}: a mix of feature files (.npy) and images; use one kind")

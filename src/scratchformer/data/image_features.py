@@ -11,13 +11,19 @@ bar. It is resumable: finished chunks are kept beside the output (``FILE.parts/`
 written, and images already in FILE are skipped, so a killed run or a folder that grew costs only the
 new images. Features made by another encoder or preprocessing, or from another image folder or a
 photo changed since, are refused, never mixed (files written before photos were recorded are trusted).
+Photos are named relative to their folder: a folder moved or renamed since is recognised by its photos'
+sizes and modification times. Files of the folder that are not images (macOS's ``._x.jpg``) are skipped
+with a count, or refused (``strict``).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from scratchformer.files import locks
+
 __all__ = [
     "IMAGE_SUFFIXES",
     "ImageFeatures",
@@ -34,6 +42,8 @@ __all__ = [
     "list_images",
     "load_image_features",
     "load_photo",
+    "photo_rgb",
+    "read_photo",
     "save_image_features",
 ]
 
@@ -41,17 +51,36 @@ FORMAT = "scratchformer-image-features/1"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
-def load_photo(path: str | Path, size: int = 224) -> Tensor:
-    """Any image file Pillow reads -> (3, size, size) uint8 RGB: turned upright by its EXIF
-    orientation (phone photos), the shorter side resized to ``size`` (bilinear, antialiased), then
-    the centre ``size`` x ``size`` crop. Errors name the file."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+def photo_rgb(image: Any) -> Any:
+    """An opened Pillow image as the 8-bit RGB picture a viewer shows: turned upright by its EXIF
+    orientation (phone photos); 16-bit greyscale scaled to 8 bits (Pillow's own conversion clips it:
+    a white image); CMYK, palette and greyscale converted; transparent pixels (an alpha channel or a
+    palette's transparent colour) shown over white. Float images are refused (their range is unknown)."""
+    from PIL import Image, ImageOps
 
-    try:
-        with Image.open(path) as file:
-            rgb = ImageOps.exif_transpose(file).convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
-        raise ValueError(f"{path}: not an image Pillow can read ({e})") from None
+    image = ImageOps.exif_transpose(image)
+    if image.mode == "F":
+        raise ValueError(f"a 32-bit float image (mode {image.mode}): convert it to 8 or 16 bits per channel")
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        values = np.asarray(image, dtype=np.int64)
+        if values.min() < 0 or values.max() > 65535:
+            raise ValueError(
+                f"a 32-bit integer image (values {values.min()}..{values.max()}), not 8 or 16 bits"
+            )
+        image = Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), "L")
+    if image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def load_photo(path: str | Path, size: int = 224) -> Tensor:
+    """Any image file Pillow reads -> (3, size, size) uint8 RGB (:func:`photo_rgb`: upright, 8 bits,
+    transparency over white), the shorter side resized to ``size`` (bilinear, antialiased), then the
+    centre ``size`` x ``size`` crop. Errors name the file."""
+    from PIL import Image
+
+    rgb = read_photo(path)
     w, h = rgb.size
     scale = size / min(w, h)
     new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
@@ -60,6 +89,17 @@ def load_photo(path: str | Path, size: int = 224) -> Tensor:
     left, top = (new_w - size) // 2, (new_h - size) // 2
     rgb = rgb.crop((left, top, left + size, top + size))
     return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).contiguous()
+
+
+def read_photo(path: str | Path) -> Any:
+    """An image file as a Pillow RGB image (:func:`photo_rgb`); errors name the file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as file:
+            return photo_rgb(file)
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
+        raise ValueError(f"{path}: not an image Pillow can read ({e})") from None
 
 
 @dataclass
@@ -113,13 +153,23 @@ def photo_stamp(path: Path) -> list[int]:
 
 
 def check_same_photos(found: ImageFeatures, image_dir: str, stamps: dict[str, list[int]], where: str) -> None:
-    """Refuse features of another (resolved) image folder, or of photos (in ``stamps``) changed since they
-    were made."""
+    """Refuse features of photos (in ``stamps``) changed since they were made, or of another image
+    folder. Photos are named relative to their folder, so a moved (or renamed) folder is the same
+    photos if every one ``found`` recorded is there with the same size and modification time."""
     if found.image_dir is not None and found.image_dir != image_dir:
-        raise ValueError(
-            f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
-            "features of different image folders are never mixed: use another output file"
-        )
+        folder = Path(image_dir)
+        elsewhere = [
+            n
+            for n, stamp in found.stamps.items()
+            if not (folder / n).is_file() or photo_stamp(folder / n) != stamp
+        ]
+        if elsewhere or not found.stamps:
+            raise ValueError(
+                f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
+                f"{len(elsewhere)} of its {len(found.stamps)} photos are not in {image_dir} with the same "
+                f"size and modification time (first: {elsewhere[:3]}); a moved folder is recognised, but "
+                "features of different image folders are never mixed: use another output file"
+            )
     changed = [n for n, stamp in stamps.items() if found.stamps.get(n, stamp) != stamp]
     if changed:
         raise ValueError(
@@ -173,6 +223,7 @@ def save_image_features(path: str | Path, features: ImageFeatures) -> None:
     )
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
+    locks.widen_to_umask(tmp)  # safetensors writes 0600: a shared folder could not read the features
     os.replace(tmp, path)
 
 
@@ -189,6 +240,72 @@ def list_images(folder: str | Path) -> list[str]:
     )
 
 
+# The first bytes of the image formats of IMAGE_SUFFIXES (WebP: RIFF....WEBP, checked as RIFF).
+_SIGNATURES = (b"\xff\xd8", b"\x89PNG", b"GIF8", b"BM", b"RIFF", b"II*\x00", b"MM\x00*")
+
+
+def is_image(path: Path) -> bool:
+    """Whether Pillow reads ``path`` as an image (its header only: cheap). A file that starts like an
+    image (JPEG, PNG, GIF, BMP, WebP, TIFF) but cannot be read is a damaged photo: a ValueError naming
+    it; anything else (macOS's ``._x.jpg``, a text file named ``x.png``) is not an image: False."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path):
+            return True
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
+        with open(path, "rb") as f:
+            start = f.read(8)
+        if start.startswith(_SIGNATURES):
+            raise ValueError(
+                f"{path}: not an image Pillow can read, though it starts like one ({e})"
+            ) from None
+        return False
+
+
+def photos_to_extract(folder: Path, names: Sequence[str] | None, out: Path, strict: bool) -> list[str]:
+    """The photos :func:`extract_image_features` encodes: ``names`` (each must be an image), or every
+    image file of ``folder``, where files that are not images (:func:`is_image`) are skipped with a count
+    on stderr (``strict``: refused). Refused too: no photos, missing or damaged ones, and an ``out`` that
+    is one of them."""
+    listed = names is None
+    names = list_images(folder) if names is None else list(dict.fromkeys(names))
+    if not names:
+        raise ValueError(
+            f"{folder}: no images to extract features from (suffixes {', '.join(IMAGE_SUFFIXES)})"
+        )
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} images not found in {folder} (first: {missing[:3]})")
+    if out.exists() and any(out.samefile(folder / n) for n in names):
+        raise ValueError(f"{out}: the features file would overwrite one of the photos; choose another file")
+    unreadable = [n for n in names if not is_image(folder / n)]
+    if unreadable and (strict or not listed):
+        raise ValueError(f"{len(unreadable)} files in {folder} are not images (first: {unreadable[:3]})")
+    if unreadable:
+        print(
+            f"{folder}: skipped {len(unreadable)} files that are not images "
+            f"(first: {unreadable[:3]}); strict refuses them",
+            file=sys.stderr,
+        )
+    skipped = set(unreadable)
+    return [n for n in names if n not in skipped]
+
+
+def _holding_lock(extract: Callable[..., ImageFeatures]) -> Callable[..., ImageFeatures]:
+    """``extract`` with its ``out`` locked while it runs (``OUT.lock``, see :mod:`scratchformer.data.locks`):
+    a second extraction into the same file is refused at once, naming the first."""
+
+    @functools.wraps(extract)
+    def locked(*args: Any, **kwargs: Any) -> ImageFeatures:
+        out = Path(inspect.signature(extract).bind(*args, **kwargs).arguments["out"])
+        with locks.held(out.with_name(out.name + ".lock"), f"features file {out}"):
+            return extract(*args, **kwargs)
+
+    return locked
+
+
+@_holding_lock
 def extract_image_features(
     folder: str | Path,
     out: str | Path,
@@ -198,23 +315,18 @@ def extract_image_features(
     chunk_size: int = 512,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    strict: bool = False,
 ) -> ImageFeatures:
     """Run ``encoder`` (photos (B, 3, H, W) uint8 -> (regions (B, R, D_img), pooled (B, D_img)); it has
     ``describe()`` and ``image_size``; on ``device``) over ``names`` (default: every image in ``folder``)
     and write them to ``out`` together with the images ``out`` already holds. Returns all of ``out``'s
-    features."""
+    features. Files of ``folder`` that are not images (e.g. macOS's ``._x.jpg``) are skipped with a
+    count (``strict``: refused); ``names`` must all be images."""
     from tqdm import tqdm
 
     folder, out = Path(folder), Path(out)
     description = dict(encoder.describe())  # type: ignore[attr-defined]
-    names = list_images(folder) if names is None else list(dict.fromkeys(names))
-    if not names:
-        raise ValueError(
-            f"{folder}: no images to extract features from (suffixes {', '.join(IMAGE_SUFFIXES)})"
-        )
-    missing = [n for n in names if not (folder / n).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{len(missing)} images not found in {folder} (first: {missing[:3]})")
+    names = photos_to_extract(folder, names, out, strict)
     stamps, image_dir = {n: photo_stamp(folder / n) for n in names}, str(folder.resolve())
     parts_dir = out.with_name(out.name + ".parts")
     done: list[ImageFeatures] = []

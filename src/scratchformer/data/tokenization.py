@@ -92,11 +92,16 @@ class TextTokenizer:
         self.pad_id: int = pad_id
         self.truncation = truncation
         self.head_length = head_length
+        self._untruncated: Tokenizer | None = None  # built by full_lengths when first asked
         tokenizer.no_padding()  # we pad ourselves, to the longest sequence of each batch
-        if truncation == "head":
-            tokenizer.enable_truncation(max_length=max_length)
+        self._set_truncation()
+
+    def _set_truncation(self) -> None:
+        """The Tokenizer cuts to max_length itself for "head"; "head_tail" cuts in :meth:`encode`."""
+        if self.truncation == "head":
+            self.tokenizer.enable_truncation(max_length=self.max_length)  # from the right, no stride
         else:
-            tokenizer.no_truncation()
+            self.tokenizer.no_truncation()
 
     @classmethod
     def from_file(
@@ -130,11 +135,20 @@ class TextTokenizer:
             raise TypeError("texts: expected a sequence of str (a list of texts, not one string)")
         if len(texts) == 0:
             raise ValueError("texts: expected at least one text, got an empty sequence")
+        self._set_truncation()  # again: another wrapper of the same Tokenizer may have changed it
         ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
         if self.truncation == "head_tail":
             tail = self.max_length - self.head_length
             ids = [x if len(x) <= self.max_length else x[: self.head_length] + x[-tail:] for x in ids]
         return ids
+
+    def full_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Tokens in each text before truncation (special tokens included): a text with more than
+        ``max_length`` is cut by :meth:`encode`, and a caller can say so."""
+        if self._untruncated is None:  # a copy without truncation; ours keeps its settings
+            self._untruncated = Tokenizer.from_str(self.tokenizer.to_str())
+            self._untruncated.no_truncation()
+        return [len(e.ids) for e in self._untruncated.encode_batch(list(texts))]
 
     def pad(self, sequences: Sequence[Sequence[int]]) -> TokenBatch:
         """Right-pad id lists to the longest: (B, L) ids, padding mask (True = real), zero type ids."""

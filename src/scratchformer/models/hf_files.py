@@ -16,7 +16,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 __all__ = [
+    "CLASSIFIER_EXPORT_HEAD",
+    "CLASSIFIER_EXPORT_KEY",
     "CheckpointError",
+    "foreign_checkpoint",
+    "remove_stale_temporaries",
     "check_new_directory",
     "fit_state",
     "model_type",
@@ -52,6 +56,29 @@ def model_type(directory: str | Path) -> str | None:
         return read_json(Path(directory) / "config.json").get("model_type")
     except (OSError, CheckpointError):
         return None
+
+
+# The config.json key of a classifier export holding what BERT's config cannot: the labels, the
+# pooling, the tokenizer settings and the file of the class head (see LoadedClassifier.save_pretrained).
+CLASSIFIER_EXPORT_KEY = "scratchformer_classifier"
+CLASSIFIER_EXPORT_HEAD = "classifier_head.safetensors"
+
+
+def foreign_checkpoint(directory: str | Path, config: dict[str, Any], wanted: str) -> str:
+    """The message for a config.json that is not a ``wanted`` scratchformer checkpoint: it names
+    what the directory holds instead (another kind, a Hugging Face export, or neither)."""
+    kind, found = config.get("kind"), config.get("model_type")
+    if kind is not None:
+        return f"{directory} holds a {kind!r} checkpoint, not a {wanted} checkpoint"
+    accepts = (
+        f"a scratchformer {wanted} checkpoint (a run's best/ or last/ folder, config.json with a 'kind')"
+    )
+    if isinstance(found, str):
+        return (
+            f"{directory} is a Hugging Face {found.upper() if found == 'bert' else found} export "
+            f"(config.json model_type {found!r}), not {accepts}"
+        )
+    return f"{directory}: config.json records no 'kind' (nor a Hugging Face 'model_type'); expected {accepts}"
 
 
 def split_qkv(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -116,6 +143,17 @@ def check_new_directory(directory: str | Path) -> Path:
     return directory
 
 
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Remove the ``.NAME.tmp-*`` folders an export to ``directory`` killed before its rename left
+    beside it (only those of this name: another export's temporaries are not ours). Returns them."""
+    if not directory.parent.is_dir():
+        return []
+    stale = [p for p in directory.parent.glob(f".{directory.name}.tmp-*") if p.is_dir()]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def write_export(
     directory: str | Path,
     config: dict[str, Any],
@@ -123,9 +161,11 @@ def write_export(
     extra_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write config.json + model.safetensors (+ ``extra_files(tmp)``) into a new ``directory``,
-    atomically (a temporary sibling renamed into place). An existing non-empty directory is an error."""
+    atomically (a temporary sibling renamed into place; those an earlier, killed export to the same
+    name left behind are removed first). An existing non-empty directory is an error."""
     directory = check_new_directory(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(directory)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         tensors = {k: v.detach().clone().contiguous() for k, v in state.items()}  # tied names: one copy each
@@ -136,6 +176,8 @@ def write_export(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would keep the export private
+        for path in tmp.rglob("*"):  # and safetensors writes its files 0600
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
         if directory.exists():
             directory.rmdir()
         os.replace(tmp, directory)

@@ -36,15 +36,18 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 
 from scratchformer.core.attention import fuse_qkv
 from scratchformer.core.embedding import sinusoidal_table
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
 from scratchformer.models.hf_files import (
+    CLASSIFIER_EXPORT_HEAD,
+    CLASSIFIER_EXPORT_KEY,
     CheckpointError,
     fit_state,
     read_json,
@@ -54,6 +57,9 @@ from scratchformer.models.hf_files import (
 )
 from scratchformer.models.masked_lm import MaskedLanguageModel
 
+if TYPE_CHECKING:
+    from scratchformer.models.classifier import TextClassifier
+
 __all__ = [
     "CheckpointError",
     "bert_config",
@@ -61,6 +67,7 @@ __all__ = [
     "bert_problems",
     "default_model_dir",
     "load_bert_encoder",
+    "load_classifier_export",
     "map_bert_weights",
     "masked_lm_export",
     "read_json",
@@ -157,13 +164,23 @@ def map_bert_weights(
     return ours, unexpected
 
 
+def _supported_model_type(hf_config: dict[str, Any]) -> str:
+    """config.json's ``model_type``, one of the BERT family; else an error naming what was found."""
+    model_type = hf_config.get("model_type")
+    if model_type in _NAMES:
+        return model_type
+    if "kind" in hf_config:
+        found = f"a scratchformer {hf_config['kind']!r} checkpoint's config (no model_type)"
+    elif model_type is None:
+        found = "no model_type (not a Hugging Face model directory)"
+    else:
+        found = f"model_type {model_type!r}"
+    raise CheckpointError(f"config.json: {found}; expected a BERT-family model_type, one of {sorted(_NAMES)}")
+
+
 def bert_config(hf_config: dict[str, Any], pooler: bool = True) -> EncoderConfig:
     """Translate a BERT, RoBERTa, XLM-R or DistilBERT ``config.json`` into our :class:`EncoderConfig`."""
-    model_type = hf_config.get("model_type")
-    if model_type not in _NAMES:
-        raise CheckpointError(
-            f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})"
-        )
+    model_type = _supported_model_type(hf_config)
     distil = model_type == "distilbert"
     act_field = "activation" if distil else "hidden_act"
     act = hf_config.get(act_field, "gelu")
@@ -242,11 +259,7 @@ def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
     """
     directory = Path(directory)
     hf_config, hf_state = read_weights(directory)
-    model_type = hf_config.get("model_type")
-    if model_type not in _NAMES:  # before mapping: the error names the model type, not its tensors
-        raise CheckpointError(
-            f"config.json: model_type {model_type!r} is not supported (supported: {sorted(_NAMES)})"
-        )
+    model_type = _supported_model_type(hf_config)  # before mapping: the error names the type, not tensors
     state, unexpected = map_bert_weights(hf_state, model_type, _position_offset(hf_config))
     model = ContextualEncoder(bert_config(hf_config, pooler="pooler.weight" in state))
     fit_state(model, state, unexpected, directory / "model.safetensors")
@@ -337,3 +350,31 @@ def masked_lm_export(model: MaskedLanguageModel) -> tuple[dict[str, Any], dict[s
     }
     state = {k: v.detach().float().cpu() for k, v in state.items()}
     return hf_config | {"architectures": ["BertForMaskedLM"], "tie_word_embeddings": True}, state
+
+
+def load_classifier_export(
+    directory: Path, config: dict[str, Any]
+) -> tuple[TextClassifier, dict[str, Any], list[str]]:
+    """(model, tokenizer settings, labels) of a classifier export (``config``: its config.json):
+    the BERT encoder of model.safetensors, the pooling of ``scratchformer_pooling``, and the class
+    head of ``classifier_head.safetensors``; see ``LoadedClassifier.save_pretrained``."""
+    from scratchformer.models.classifier import ClassifierConfig, TextClassifier
+
+    about = config.get(CLASSIFIER_EXPORT_KEY)
+    if not isinstance(about, dict) or not {"labels", "tokenizer"} <= set(about):
+        raise CheckpointError(
+            f"{directory / 'config.json'}: {CLASSIFIER_EXPORT_KEY} must be an object with labels and "
+            f"tokenizer (as scratchformer export writes it), got {about!r}"
+        )
+    labels = list(about["labels"])
+    encoder = load_bert_encoder(directory)
+    pooling, head_dropout = config.get("scratchformer_pooling", "mean"), about.get("head_dropout", 0.0)
+    model = TextClassifier(ClassifierConfig(encoder.config, len(labels), pooling, head_dropout))
+    model.encoder.load_state_dict(encoder.state_dict())
+    head = require_file(directory / CLASSIFIER_EXPORT_HEAD, "the class head of a classifier export")
+    try:
+        model.head.load_state_dict(load_file(str(head)))
+    except RuntimeError as e:
+        problems = "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())
+        raise CheckpointError(f"{head} does not fit the model of config.json: {problems}") from None
+    return model, about["tokenizer"], labels

@@ -31,12 +31,17 @@ from scratchformer.data.tokenization import (
 from scratchformer.fast import optimize
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.models.hf_files import write_export
+from scratchformer.models.hf_files import (
+    CLASSIFIER_EXPORT_HEAD,
+    CLASSIFIER_EXPORT_KEY,
+    foreign_checkpoint,
+    write_export,
+)
 from scratchformer.models.pooling import POOLING_MODES
-from scratchformer.models.pretrained import bert_export
+from scratchformer.models.pretrained import bert_export, load_classifier_export
 from scratchformer.tasks.common import TrainingRun, check_batch, check_files, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed, resolve_device
-from scratchformer.training.checkpoint import load_checked, load_config, open_checkpoint, resolve_checkpoint
+from scratchformer.training.checkpoint import load_checked, load_config, resolve_checkpoint
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
@@ -416,30 +421,46 @@ class LoadedClassifier:
         """Write the encoder as a Hugging Face BERT directory (config.json, model.safetensors,
         tokenizer.json) that ``transformers.AutoModel`` and ``AutoTokenizer`` load; the pooling and
         the class head, which ``BertForSequenceClassification`` cannot express (it classifies
-        tanh(pooler([CLS]))), go to ``classifier_head.safetensors`` with the labels in config.json."""
+        tanh(pooler([CLS]))), go to ``classifier_head.safetensors``: config.json names the pooling
+        (``scratchformer_pooling``) and, under ``scratchformer_classifier``, the labels, the head's
+        file and the tokenizer settings. No ``id2label``: a transformers pipeline would show those
+        labels over a randomly initialised head of its own. :func:`load_classifier` (and
+        ``scratchformer classify``) reads the export back."""
         if format != "hf":
             raise ValueError(
                 f"format: only 'hf' (a Hugging Face BERT directory) is supported, got {format!r}"
             )
         hf_config, state = bert_export(self.model.encoder)
-        hf_config |= {
-            "id2label": dict(enumerate(self.label_names)),
-            "scratchformer_pooling": self.model.config.pooling,
+        hf_config["scratchformer_pooling"] = self.model.config.pooling
+        hf_config[CLASSIFIER_EXPORT_KEY] = {
+            "labels": list(self.label_names),
+            "head": CLASSIFIER_EXPORT_HEAD,
+            "head_dropout": self.model.config.head_dropout,
+            "tokenizer": self.tokenizer.settings(),
         }
         head = {k: v.detach().float().cpu().contiguous() for k, v in self.model.head.state_dict().items()}
 
         def files(tmp: Path) -> None:
-            save_file(head, str(tmp / "classifier_head.safetensors"))
+            save_file(head, str(tmp / CLASSIFIER_EXPORT_HEAD))
             save_hf_tokenizer(self.tokenizer.tokenizer, tmp, max_length=self.tokenizer.max_length)
 
         return write_export(directory, hf_config, state, files)
 
 
 def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassifier:
-    """Load a checkpoint written by :func:`train_classifier` (weights via safetensors)."""
-    directory, config = open_checkpoint(directory, "text_classifier")
-    model_config = ClassifierConfig.from_dict(config["model"])
-    settings, labels = config["tokenizer"], list(config["labels"])
+    """Load a checkpoint written by :func:`train_classifier` (weights via safetensors), or its
+    Hugging Face export (:meth:`LoadedClassifier.save_pretrained`)."""
+    directory = resolve_checkpoint(directory)
+    config = load_config(directory)
+    export = CLASSIFIER_EXPORT_KEY in config
+    if export:
+        model, settings, labels = load_classifier_export(directory, config)
+        model_config = model.config
+    elif config.get("kind") != "text_classifier":
+        raise ValueError(foreign_checkpoint(directory, config, "text_classifier"))
+    else:
+        model_config = ClassifierConfig.from_dict(config["model"])
+        settings, labels = config["tokenizer"], list(config["labels"])
     try:
         tokenizer = TextTokenizer.from_file(
             directory / "tokenizer.json",
@@ -461,6 +482,6 @@ def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassi
             f"{directory / 'config.json'}: labels {labels} do not match the model's "
             f"{model_config.num_classes} classes"
         )
-    model = optimize(load_checked(directory, lambda: TextClassifier(model_config)))
+    model = optimize(model if export else load_checked(directory, lambda: TextClassifier(model_config)))
     dev = resolve_device(device)
     return LoadedClassifier(model.to(dev).eval(), tokenizer, labels, dev)

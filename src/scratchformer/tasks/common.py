@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from scratchformer.fast import optimize
 from scratchformer.training import Trainer, TrainingTask, TrainResult, check_run, distributed
 from scratchformer.training.recipe import resolve_data_path
+from scratchformer.training.run_checks import release_run
 
 __all__ = [
     "Generated",
@@ -67,16 +68,24 @@ class TrainingRun:
     def run(self) -> dict[str, Any]:
         """The run, start to end; returns the report (also written to ``out_dir/report.json``)."""
         distributed.init(self.config.device)
-        check_run(self.config, self.resume)  # device, precision, output directory: before any data work
-        self.check()
-        model, task, report = self.setup()
-        report.update(self.train(model, task))
-        if not distributed.is_main():
+        existed = self.out.exists()
+        check_run(
+            self.config, self.resume
+        )  # device, precision, output directory (locked): before any data work
+        try:
+            self.check()
+            model, task, report = self.setup()
+            report.update(self.train(model, task))
+            if not distributed.is_main():
+                return report
+            self.finish(report)
+            report["seconds_total"] = self.seconds()
+            (self.out / "report.json").write_text(json.dumps(report, indent=2))
             return report
-        self.finish(report)
-        report["seconds_total"] = self.seconds()
-        (self.out / "report.json").write_text(json.dumps(report, indent=2))
-        return report
+        finally:
+            release_run(self.out)
+            if not existed and self.out.is_dir() and not any(self.out.iterdir()):
+                self.out.rmdir()  # a run refused before its first output leaves no folder behind
 
     def check(self) -> None:
         """Hook: check the task's inputs before any data work (none by default)."""

@@ -33,6 +33,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_model
 from torch import Tensor, nn
 
+from scratchformer.files.locks import widen_to_umask
+
 __all__ = [
     "average_checkpoints",
     "finish_interrupted_save",
@@ -77,6 +79,7 @@ def save_checkpoint(
         if extra_files is not None:
             extra_files(tmp)
         _fsync_dir_files(tmp)
+        widen_to_umask(tmp)  # mkdtemp's 0700 and safetensors' 0600 would keep the checkpoint private
         if old.exists():
             shutil.rmtree(old)
         if directory.exists():
@@ -221,8 +224,23 @@ def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, A
     directory = resolve_checkpoint(directory)
     config = load_config(directory)
     if config.get("kind") != kind:
-        raise ValueError(f"{directory} holds a {config.get('kind')!r} checkpoint, not a {kind}")
+        raise ValueError(_not_a(kind, directory, config))
     return directory, config
+
+
+def _not_a(kind: str, directory: Path, config: dict[str, Any]) -> str:
+    """What ``directory`` holds instead of a ``kind`` checkpoint: another kind, a Hugging Face
+    export (its model_type), or a config.json with neither (models.hf_files.foreign_checkpoint says
+    the same for the loaders of the models layer, which this layer may not import)."""
+    expected = f"a scratchformer {kind} checkpoint (a run's best/ or last/ folder, config.json with a 'kind')"
+    if config.get("kind") is not None:
+        return f"{directory} holds a {config['kind']!r} checkpoint, not a {kind} checkpoint"
+    if isinstance(config.get("model_type"), str):
+        found = config["model_type"]
+        return f"{directory} is a Hugging Face export (config.json model_type {found!r}), not {expected}"
+    return (
+        f"{directory}: config.json records no 'kind' (nor a Hugging Face 'model_type'); expected {expected}"
+    )
 
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:

@@ -81,7 +81,8 @@ class TrainConfig:
         tensorboard: also write the log lines as TensorBoard event files into ``out_dir/tensorboard/``
             (needs ``pip install -e ".[tensorboard]"``).
         seed: everything random derives from it.
-        device: "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ... (under torchrun: "auto",
+        device: "auto" (CUDA if available, else Apple's MPS, else the CPU), "cpu", "cuda", "cuda:1",
+            "mps"; one this machine lacks is refused before any work (under torchrun: "auto",
             "cpu" or "cuda", and each process takes cuda:LOCAL_RANK).
         threads: torch CPU threads (0: torch's default; torchrun sets 1 per process).
         progress: show a progress bar (rank 0 only).

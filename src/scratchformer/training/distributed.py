@@ -101,17 +101,29 @@ def is_main() -> bool:
 
 
 def device_for(name: str, local_rank: int = 0, distributed: bool = False) -> torch.device:
-    """The device ``name`` ("auto", "cpu", "cuda", "cuda:1", ...) means for this process.
+    """The device ``name`` ("auto", "cpu", "cuda", "cuda:1", "mps", ...) means for this process:
+    "auto" is CUDA if there is a GPU, else Apple's MPS, else the CPU. A device this machine lacks is
+    an error naming it.
 
     Under torchrun each process owns one GPU, ``cuda:LOCAL_RANK``; naming a GPU index there is an
     error, since every rank would then share that one GPU.
     """
+    mps = torch.backends.mps.is_available()
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "mps" if mps and not distributed else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r} (expected auto, cpu, cuda, cuda:N or mps)") from None
+    if device.type == "mps" and not mps:
+        raise ValueError(f"device {name!r} requested, but Apple's MPS is not available on this machine")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r} requested, but CUDA is not available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {name!r} requested, but only {torch.cuda.device_count()} GPUs are visible"
+            )
         if distributed:
             if device.index is not None:
                 raise ValueError(

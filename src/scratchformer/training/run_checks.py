@@ -1,29 +1,42 @@
 """What a run needs before any work starts: its device, its packages, an output directory fit for a
-fresh run or a resumption, and (when resuming) a checkpoint saved by the same run."""
+fresh run or a resumption, writable and in use by no other run (locked), memory for its model, and
+(when resuming) a checkpoint saved by the same run."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from scratchformer.files import locks
 from scratchformer.training import distributed
 from scratchformer.training.checkpoint import load_config
 from scratchformer.training.config import RESUME_FIXED, TrainConfig
 
 __all__ = [
+    "LOCK",
     "RUN_OUTPUTS",
+    "available_memory",
+    "check_memory",
     "check_run",
+    "count_parameters",
     "check_same_run",
     "earlier_run",
+    "release_run",
     "remove_earlier_run",
     "resolve_device",
+    "training_bytes",
 ]
+
+LOCK = ".lock"  # in out_dir while a run uses it: {"pid", "host", "started"} (see files/locks.py)
 
 RUN_OUTPUTS = (
     "last",
@@ -65,15 +78,47 @@ def remove_earlier_run(out_dir: str | Path) -> None:
 def check_run(config: TrainConfig, resume: bool) -> None:
     """What a run needs before any work starts (the tasks call this first; so does the Trainer):
     the device exists, the precision suits it, TensorBoard is installed if the recipe asks for it,
-    and ``out_dir`` is fit for a fresh run (no earlier run there, unless ``overwrite``: the Trainer
-    removes it when training starts) or for ``resume``. The output directory is rank 0's (other
-    machines need no copy): rank 0 checks it and every rank gets its verdict."""
+    and ``out_dir`` is a writable directory (or can be made one), used by no other run, and fit for a
+    fresh run (no earlier run there, unless ``overwrite``: the Trainer removes it when training
+    starts) or for ``resume``. It takes ``out_dir``'s lock (``out_dir/.lock``; see
+    :mod:`~scratchformer.files.locks`) for this process: :func:`release_run` gives it back (the
+    Trainer does at the end of ``fit`` when it took it; a process exit always does). The output
+    directory is rank 0's (other machines need no copy): rank 0 checks and locks it, every rank gets
+    its verdict."""
     device = resolve_device(config.device)
     if config.precision == "fp16" and device.type != "cuda":
         raise ValueError("precision 'fp16' needs a CUDA device (GradScaler); use 'bf16' on CPU")
     if config.tensorboard:
         require_tensorboard()
-    distributed.on_main(lambda: _check_out_dir(Path(config.out_dir), resume, config.overwrite))
+    distributed.on_main(lambda: _check_and_lock(Path(config.out_dir), resume, config.overwrite))
+
+
+def release_run(out_dir: str | Path) -> None:
+    """Give back ``out_dir``'s lock, if this process holds it (see :func:`check_run`)."""
+    locks.release(Path(out_dir) / LOCK)
+
+
+def _check_and_lock(out: Path, resume: bool, overwrite: bool) -> None:
+    _check_writable(out)
+    out.mkdir(parents=True, exist_ok=True)
+    taken = locks.acquire(out / LOCK, f"output directory {out}")
+    try:
+        _check_out_dir(out, resume, overwrite)
+    except BaseException:
+        if taken:
+            locks.release(out / LOCK)
+        raise
+
+
+def _check_writable(out: Path) -> None:
+    """``out`` is a directory this process may write into, or one it can create."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output directory {out} is a file, not a directory")
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"output directory {out}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"output directory {out}: {existing} is not writable")
 
 
 def require_tensorboard() -> None:
@@ -97,6 +142,44 @@ def _check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
         raise FileExistsError(
             f"{out} holds an earlier run ({', '.join(earlier_run(out))}): resume it (--resume), "
             "replace it (--overwrite / overwrite=True) or choose another output directory"
+        )
+
+
+def count_parameters(build: Callable[[], nn.Module]) -> int:
+    """The parameters of the model ``build()`` makes (shared ones once), built on the meta device: no
+    memory, milliseconds even for a model of 10^12 parameters (the process's first meta operation
+    imports a part of torch once: seconds)."""
+    with torch.device("meta"):
+        model = build()
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def training_bytes(parameters: int, activation_bytes: int = 0) -> int:
+    """The memory of training ``parameters`` float32 parameters with AdamW: 16 bytes each (weights,
+    gradients, the two moments), plus the caller's ``activation_bytes`` (its estimate of a batch's
+    activations). A lower bound."""
+    return 16 * parameters + activation_bytes
+
+
+def available_memory(device: torch.device) -> int:
+    """The memory of ``device`` in bytes: the GPU's (CUDA), else the machine's physical memory
+    (CPU and Apple's MPS, which shares it); 0 where unknown (no check then)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return 0
+
+
+def check_memory(needed: int, what: str, device: torch.device) -> None:
+    """Refuse, before any work, a run that needs more than ``device`` has: ``needed`` bytes for
+    ``what`` (e.g. "a model of 4.1e9 parameters, with AdamW")."""
+    have = available_memory(device)
+    if have and needed > have:
+        raise ValueError(
+            f"{what} needs about {needed / 2**30:,.1f} GiB, but {device.type} memory is "
+            f"{have / 2**30:,.1f} GiB: make the model smaller"
         )
 
 

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from scratchformer.files import locks
 from scratchformer.training import distributed
 from scratchformer.training.checkpoint import (
     average_checkpoints,
@@ -53,7 +54,14 @@ from scratchformer.training.checkpoint import (
 from scratchformer.training.config import TrainConfig
 from scratchformer.training.metrics import RunLog, plot_curves
 from scratchformer.training.optimizer import adamw, optimizer_step
-from scratchformer.training.run_checks import check_run, check_same_run, remove_earlier_run, resolve_device
+from scratchformer.training.run_checks import (
+    LOCK,
+    check_run,
+    check_same_run,
+    release_run,
+    remove_earlier_run,
+    resolve_device,
+)
 from scratchformer.training.schedule import lr_multiplier
 from scratchformer.training.state import Run, restore, training_state
 
@@ -183,9 +191,12 @@ class Trainer:
         if self.config.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
             torch.use_deterministic_algorithms(True)
+        took_lock = not locks.holds(Path(self.config.out_dir) / LOCK)  # (else the task took it and frees it)
         try:
             return self._fit(resume, on_step)
         finally:
+            if took_lock:
+                release_run(self.config.out_dir)
             self.log.close()
             if self.config.deterministic:
                 torch.use_deterministic_algorithms(previous)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from tokenizers import Tokenizer
@@ -41,6 +41,8 @@ __all__ = [
     "translation_attention_maps",
 ]
 
+T = TypeVar("T")
+
 PAD, BOS, EOS = 0, 1, 2  # the ids train_bpe gives <pad>, <s>, </s>
 
 
@@ -60,7 +62,10 @@ def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
 def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """Token ids without special tokens (an exported tokenizer.json appends EOS for transformers; we add it).
     Our BPE reads "</s>" or "<pad>" written in a text as text, not as the control ids (a Marian
-    tokenizer keeps transformers' behaviour)."""
+    tokenizer keeps transformers' behaviour). One string instead of a list is refused: it would be
+    translated character by character."""
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts: expected a sequence of str (a list of texts, not one string)")
     if isinstance(tokenizer, Tokenizer):
         tokenizer.encode_special_tokens = True  # (a runtime setting: tokenizer.json does not store it)
     return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
@@ -86,6 +91,24 @@ class Translator:
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
         limit = self.model.config.max_len - 1
         return [ids[:limit] + [self.eos] for ids in _encode(self.tokenizer, texts)]  # type: ignore[arg-type]
+
+    def source_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Tokens in each source before truncation, EOS included: more than the model's ``max_len``
+        and :meth:`encode_sources` cuts it to ``max_len``."""
+        return [len(ids) + 1 for ids in _encode(self.tokenizer, texts)]  # type: ignore[arg-type]
+
+    def unknown_prefix_pieces(self, prefix: str) -> list[str]:
+        """The pieces of ``prefix`` that the target vocabulary lacks (they would be forced as <unk>):
+        none for our byte-level BPE, which spells any text; a Marian model's target sentencepiece can."""
+        target = getattr(self.tokenizer, "encode_target", None)
+        if target is not None:
+            encoding = target(prefix)
+            unk = self.tokenizer.target_vocab.get("<unk>", self.tokenizer.unk_id)  # type: ignore[union-attr]
+        else:
+            self.tokenizer.encode_special_tokens = True  # type: ignore[union-attr]
+            encoding = self.tokenizer.encode(prefix, add_special_tokens=False)  # type: ignore[union-attr]
+            unk = self.tokenizer.token_to_id("<unk>")  # type: ignore[union-attr]
+        return [piece for i, piece in zip(encoding.ids, encoding.tokens) if i == unk]
 
     def generation_config(self, beam_size: int | None = None, **options: Any) -> GenerationConfig:
         """The recipe's ``decoding`` section (beam 5 if it names none) and this model's special ids as
@@ -219,11 +242,13 @@ def check_tokenizer(tokenizer: Tokenizer, path: str | Path, vocab_size: int | No
         )
 
 
-def read_lines(stream: Iterable[str], chunk: int) -> Iterable[list[str]]:
-    """Group a stream of lines into lists of ``chunk`` (for streaming translation)."""
-    batch: list[str] = []
+def read_lines(stream: Iterable[T], chunk: int) -> Iterable[list[T]]:
+    """Group a stream of lines into lists of ``chunk`` (for streaming translation). A line that is a
+    str is stripped, as the training and test files are read (load_parallel_texts); other items
+    (the CLI's (text, problem) pairs) are kept as they are."""
+    batch: list[T] = []
     for line in stream:
-        batch.append(line.strip())  # as the training and test files are read (load_parallel_texts)
+        batch.append(line.strip() if isinstance(line, str) else line)  # type: ignore[arg-type]
         if len(batch) == chunk:
             yield batch
             batch = []
