@@ -297,3 +297,17 @@ def test_a_run_whose_metric_stops_improving_ends_early_and_says_so(tmp_path: Pat
     assert json.loads((tmp_path / "run" / "report.json").read_text())["stopped_early"]["step"] == 40
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in log) == 40 and any("early_stop" in r for r in log)
+
+
+def test_the_resolved_recipe_is_saved_in_the_run_folder_and_reruns(tmp_path: Path, capsys) -> None:
+    """OUT/recipe.json holds the whole recipe as it ran, defaults included; --config reads it back."""
+    from scratchformer.cli import main
+
+    recipe = tiny_recipe(tmp_path)
+    recipe.train.max_steps = 2
+    train_classifier(recipe)
+    saved = tmp_path / "run" / "recipe.json"
+    assert json.loads(saved.read_text()) == json.loads(json.dumps(recipe.to_dict()))
+    capsys.readouterr()
+    assert main(["train", "classifier", "--config", str(saved), "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(saved.read_text())

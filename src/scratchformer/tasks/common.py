@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from scratchformer.fast import optimize
 from scratchformer.training import Trainer, TrainingTask, TrainResult, check_run, distributed
+from scratchformer.training.checkpoint import write_text_atomically
 from scratchformer.training.recipe import resolve_data_path
 from scratchformer.training.run_checks import release_run
 
@@ -74,6 +75,10 @@ class TrainingRun:
         )  # device, precision, output directory (locked): before any data work
         try:
             self.check()
+            if distributed.is_main():  # the resolved recipe, defaults included: --config reruns it
+                write_text_atomically(
+                    self.out / "recipe.json", json.dumps(self.recipe.to_dict(), indent=2) + "\n"
+                )
             model, task, report = self.setup()
             report.update(self.train(model, task))
             if not distributed.is_main():
