@@ -311,3 +311,34 @@ def test_the_resolved_recipe_is_saved_in_the_run_folder_and_reruns(tmp_path: Pat
     capsys.readouterr()
     assert main(["train", "classifier", "--config", str(saved), "--print-config"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(saved.read_text())
+
+
+INPUTS = {
+    "classifier": ["train_file"],
+    "translation": ["train_source", "train_target", "valid_source", "valid_target"],
+    "mlm": ["train_files"],
+}
+
+
+@pytest.mark.parametrize("task", list(INPUTS))
+def test_a_model_too_large_for_memory_is_refused_first(task: str, tmp_path: Path, capsys) -> None:
+    """d_model 100,000 (10^11 parameters or more): refused at once, naming the figure, before the
+    tokenizer is trained or the data read (the input files exist, empty)."""
+    import re
+    import time
+
+    from scratchformer.cli import main
+
+    recipe = {}
+    for key in INPUTS[task]:
+        (tmp_path / key).write_text("")
+        recipe[key] = [str(tmp_path / key)] if key == "train_files" else str(tmp_path / key)
+    (tmp_path / "r.json").write_text(json.dumps({**recipe, "model": {"d_model": 100_000, "num_heads": 4}}))
+    start = time.perf_counter()
+    code = main(["train", task, "--config", str(tmp_path / "r.json"), "--out", str(tmp_path / "run")])
+    assert code == 2 and time.perf_counter() - start < 20
+    error = capsys.readouterr().err
+    assert re.search(r"parameters trained with AdamW needs about [\d,.]+ GiB, but cpu memory is", error), (
+        error
+    )
+    assert not (tmp_path / "run").exists()

@@ -331,6 +331,16 @@ class ClassifierRun(TrainingRun):
         optimize(model)
         return model, tokenizer
 
+    def sized_model(self):
+        c = self.recipe
+        if c.pretrained:
+            return None  # its size is the checkpoint's
+        fields = {"max_len": c.max_length, **c.model, "vocab_size": c.vocab_size, "pad_id": 0}
+        config = ClassifierConfig(
+            EncoderConfig(**fields), len(c.label_names or "ab"), c.pooling, c.head_dropout
+        )
+        return lambda: TextClassifier(config)
+
     def new_classifier(self, train: LabelledTexts) -> tuple[TextClassifier, TextTokenizer]:
         """A new classifier, with WordPiece trained on the training texts (or the recipe's tokenizer file)."""
         c, resume = self.recipe, self.resume

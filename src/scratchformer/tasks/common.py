@@ -23,7 +23,13 @@ from scratchformer.fast import optimize
 from scratchformer.training import Trainer, TrainingTask, TrainResult, check_run, distributed
 from scratchformer.training.checkpoint import write_text_atomically
 from scratchformer.training.recipe import resolve_data_path
-from scratchformer.training.run_checks import release_run
+from scratchformer.training.run_checks import (
+    check_memory,
+    count_parameters,
+    release_run,
+    resolve_device,
+    training_bytes,
+)
 
 __all__ = [
     "Generated",
@@ -75,6 +81,7 @@ class TrainingRun:
         )  # device, precision, output directory (locked): before any data work
         try:
             self.check()
+            self.check_memory()
             if distributed.is_main():  # the resolved recipe, defaults included: --config reruns it
                 write_text_atomically(
                     self.out / "recipe.json", json.dumps(self.recipe.to_dict(), indent=2) + "\n"
@@ -91,6 +98,20 @@ class TrainingRun:
             release_run(self.out)
             if not existed and self.out.is_dir() and not any(self.out.iterdir()):
                 self.out.rmdir()  # a run refused before its first output leaves no folder behind
+
+    def sized_model(self) -> Callable[[], nn.Module] | None:
+        """Hook: a builder of the recipe's model at its real size (vocabulary from the recipe), for
+        the memory check before any data work; None: the size is known only from the data."""
+        return None
+
+    def check_memory(self) -> None:
+        """Refuse a model that cannot be trained in this device's memory (parameters, gradients and
+        AdamW's two moments; counted on the meta device), before any data or tokenizer work."""
+        build = self.sized_model()
+        if build is not None:
+            n = count_parameters(build)
+            what = f"a model of {n:,} parameters trained with AdamW"
+            check_memory(training_bytes(n), what, resolve_device(self.config.device))
 
     def check(self) -> None:
         """Hook: check the task's inputs before any data work (none by default)."""

@@ -260,6 +260,10 @@ class MLMRun(TrainingRun):
     held-out slice for the masked-token metrics), WordPiece and a MaskedLanguageModel; then the best
     checkpoint exported as a BERT directory, ``out_dir/encoder``."""
 
+    def sized_model(self):
+        config = EncoderConfig(**self.recipe.model_fields(), vocab_size=self.recipe.vocab_size, pad_id=0)
+        return lambda: MaskedLanguageModel(config)
+
     def check(self) -> None:
         c = self.recipe
         self.paths = [Path(resolve_data_path(path, self.data_dir)) for path in c.train_files]  # type: ignore[arg-type]

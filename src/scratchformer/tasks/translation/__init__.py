@@ -223,6 +223,12 @@ class TranslationRun(TrainingRun):
         super().__init__(recipe, data_dir, resume)
         self.average_last = recipe.average_last
 
+    def sized_model(self):
+        r = self.recipe
+        vocab = {"src_vocab_size": r.vocab_size, "tgt_vocab_size": r.vocab_size, "pad_id": PAD}
+        config = TransformerConfig(**{"max_len": 256, **r.model, **vocab})
+        return lambda: Transformer(config)
+
     def check(self) -> None:
         r = self.recipe
 
