@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["src", "tests", "scripts", "benchmarks", "examples", "docs"]
+PATHS = ["src", "tests", "scripts", "benchmarks", "examples", "docs", "README.md"]  # .md: its Python blocks
 
 
 def _ruff() -> list[str]:
