@@ -6,7 +6,7 @@ those inside functions included:
     core        imports nothing else of the package (the paper)
     fast        core, fast                 generation  core, generation
     files       files (care for written files: locks, permissions)
-    models      core, fast, models         data        data, files
+    models      core, fast, files, models  data        data, files
     tools       core, tools                training    training, files
     tasks       anything below, tasks.common, never another task (a task that is a package, as
                 tasks/captioning/, imports its own modules)
@@ -31,7 +31,7 @@ ALLOWED = {
     "core": {"core"},
     "fast": {"core", "fast"},
     "generation": {"core", "generation"},
-    "models": {"core", "fast", "models"},
+    "models": {"core", "fast", "files", "models"},
     "files": {"files"},
     "data": {"data", "files"},
     "tools": {"core", "tools"},

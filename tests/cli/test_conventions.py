@@ -220,11 +220,10 @@ def test_commands_handed_a_hugging_face_directory_say_what_it_is(
     code, _, err = run(argv, capsys)
     assert code == EXIT_BAD_INPUT and err.count("\n") == 1
     assert "None" not in err, err
-    if command in ("classify", "evaluate", "export"):
-        assert (
-            f"{directory} is a Hugging Face BERT export (config.json model_type 'bert'), not a scratchformer"
-            in err
-        )
+    assert (
+        f"{directory} is a Hugging Face BERT export (config.json model_type 'bert'), not a scratchformer"
+        in err
+    )
 
 
 def test_a_config_with_no_kind_names_what_is_missing(tmp_path: Path) -> None:

@@ -232,9 +232,9 @@ def checkpoint_kind(checkpoint: str) -> str:
     """The "kind" a checkpoint's config.json records; a Hugging Face Marian directory is a translation
     model, our classifier export a text classifier. Any other directory is an error naming what it
     holds (a Hugging Face export, or a config.json with no kind) and what the commands take."""
-    from scratchformer.models.hf_files import CLASSIFIER_EXPORT_KEY, foreign_checkpoint
+    from scratchformer.models.hf_files import CLASSIFIER_EXPORT_KEY
     from scratchformer.models.marian import is_marian_dir
-    from scratchformer.training.checkpoint import load_config, resolve_checkpoint
+    from scratchformer.training.checkpoint import foreign_checkpoint, load_config, resolve_checkpoint
 
     if is_marian_dir(checkpoint):
         return "translation"

@@ -15,11 +15,12 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from scratchformer.files.locks import widen_to_umask
+
 __all__ = [
     "CLASSIFIER_EXPORT_HEAD",
     "CLASSIFIER_EXPORT_KEY",
     "CheckpointError",
-    "foreign_checkpoint",
     "remove_stale_temporaries",
     "check_new_directory",
     "fit_state",
@@ -62,23 +63,6 @@ def model_type(directory: str | Path) -> str | None:
 # pooling, the tokenizer settings and the file of the class head (see LoadedClassifier.save_pretrained).
 CLASSIFIER_EXPORT_KEY = "scratchformer_classifier"
 CLASSIFIER_EXPORT_HEAD = "classifier_head.safetensors"
-
-
-def foreign_checkpoint(directory: str | Path, config: dict[str, Any], wanted: str) -> str:
-    """The message for a config.json that is not a ``wanted`` scratchformer checkpoint: it names
-    what the directory holds instead (another kind, a Hugging Face export, or neither)."""
-    kind, found = config.get("kind"), config.get("model_type")
-    if kind is not None:
-        return f"{directory} holds a {kind!r} checkpoint, not a {wanted} checkpoint"
-    accepts = (
-        f"a scratchformer {wanted} checkpoint (a run's best/ or last/ folder, config.json with a 'kind')"
-    )
-    if isinstance(found, str):
-        return (
-            f"{directory} is a Hugging Face {found.upper() if found == 'bert' else found} export "
-            f"(config.json model_type {found!r}), not {accepts}"
-        )
-    return f"{directory}: config.json records no 'kind' (nor a Hugging Face 'model_type'); expected {accepts}"
 
 
 def split_qkv(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -173,11 +157,7 @@ def write_export(
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if extra_files is not None:
             extra_files(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would keep the export private
-        for path in tmp.rglob("*"):  # and safetensors writes its files 0600
-            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+        widen_to_umask(tmp)  # mkdtemp's 0700 and safetensors' 0600 would keep the export private
         if directory.exists():
             directory.rmdir()
         os.replace(tmp, directory)

@@ -31,17 +31,17 @@ from scratchformer.data.tokenization import (
 from scratchformer.fast import optimize
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.models.hf_files import (
-    CLASSIFIER_EXPORT_HEAD,
-    CLASSIFIER_EXPORT_KEY,
-    foreign_checkpoint,
-    write_export,
-)
+from scratchformer.models.hf_files import CLASSIFIER_EXPORT_HEAD, CLASSIFIER_EXPORT_KEY, write_export
 from scratchformer.models.pooling import POOLING_MODES
 from scratchformer.models.pretrained import bert_export, load_classifier_export
 from scratchformer.tasks.common import TrainingRun, check_batch, check_files, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed, resolve_device
-from scratchformer.training.checkpoint import load_checked, load_config, resolve_checkpoint
+from scratchformer.training.checkpoint import (
+    foreign_checkpoint,
+    load_checked,
+    load_config,
+    resolve_checkpoint,
+)
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [

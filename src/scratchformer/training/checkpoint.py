@@ -37,6 +37,7 @@ from scratchformer.files.locks import widen_to_umask
 
 __all__ = [
     "average_checkpoints",
+    "foreign_checkpoint",
     "finish_interrupted_save",
     "load_checked",
     "load_config",
@@ -224,23 +225,25 @@ def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, A
     directory = resolve_checkpoint(directory)
     config = load_config(directory)
     if config.get("kind") != kind:
-        raise ValueError(_not_a(kind, directory, config))
+        raise ValueError(foreign_checkpoint(directory, config, kind))
     return directory, config
 
 
-def _not_a(kind: str, directory: Path, config: dict[str, Any]) -> str:
-    """What ``directory`` holds instead of a ``kind`` checkpoint: another kind, a Hugging Face
-    export (its model_type), or a config.json with neither (models.hf_files.foreign_checkpoint says
-    the same for the loaders of the models layer, which this layer may not import)."""
-    expected = f"a scratchformer {kind} checkpoint (a run's best/ or last/ folder, config.json with a 'kind')"
-    if config.get("kind") is not None:
-        return f"{directory} holds a {config['kind']!r} checkpoint, not a {kind} checkpoint"
-    if isinstance(config.get("model_type"), str):
-        found = config["model_type"]
-        return f"{directory} is a Hugging Face export (config.json model_type {found!r}), not {expected}"
-    return (
-        f"{directory}: config.json records no 'kind' (nor a Hugging Face 'model_type'); expected {expected}"
+def foreign_checkpoint(directory: str | Path, config: dict[str, Any], wanted: str) -> str:
+    """The message for a config.json that is not a ``wanted`` scratchformer checkpoint: it names
+    what the directory holds instead (another kind, a Hugging Face export, or neither)."""
+    kind, found = config.get("kind"), config.get("model_type")
+    if kind is not None:
+        return f"{directory} holds a {kind!r} checkpoint, not a {wanted} checkpoint"
+    accepts = (
+        f"a scratchformer {wanted} checkpoint (a run's best/ or last/ folder, config.json with a 'kind')"
     )
+    if isinstance(found, str):
+        return (
+            f"{directory} is a Hugging Face {found.upper() if found == 'bert' else found} export "
+            f"(config.json model_type {found!r}), not {accepts}"
+        )
+    return f"{directory}: config.json records no 'kind' (nor a Hugging Face 'model_type'); expected {accepts}"
 
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:
