@@ -230,3 +230,52 @@ def test_getting_started_commands_run_verbatim(tmp_path: Path) -> None:
     assert len(classify.splitlines()) == 2 and all(
         line.split()[0] in ("positive", "negative") for line in classify.splitlines()
     )
+
+
+def _tiny_translator(work: Path) -> None:
+    """A tiny translation checkpoint where the Deploy page expects the Multi30k recipe's."""
+    from tasks.test_translation import tiny_recipe
+
+    from scratchformer.tasks.translation import train_translation
+
+    (work / "mt").mkdir(parents=True)
+    recipe = tiny_recipe(work / "mt", max_steps=40, eval_every=40)
+    recipe.model["final_norm"], recipe.average_last = True, 0  # pre-LN with final norms, as the recipe
+    report = train_translation(recipe)
+    shutil.copytree(work / "mt" / "run" / report["test_checkpoint"], work / "runs" / "multi30k" / "best")
+
+
+def test_deploy_commands_and_code_run_verbatim(tmp_path: Path) -> None:
+    """Every bash and Python block of the Deploy page, at toy scale: the exports, then each engine
+    (transformers, CTranslate2, ONNX Runtime) running them (the benchmark command excepted: it
+    needs the real test set)."""
+    work = tmp_path / "scratchformer"
+    _tiny_imdb(tmp_path / "shared" / "data" / "imdb")
+    _toy_recipe(work / "recipes" / "imdb.json")
+    env = {k: v for k, v in os.environ.items() if k != "SCRATCHFORMER_DATA"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    train = subprocess.run(
+        ["scratchformer", "train", "classifier", "--config", "recipes/imdb.json"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    _tiny_translator(work)
+    page = DOCS / "guides" / "deploy.md"
+    ran = []
+    for block in fenced_blocks(page, "bash"):
+        for command in commands(block):
+            if command.startswith("python -m benchmarks"):
+                continue
+            result = subprocess.run(
+                ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=300
+            )
+            assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
+            ran.append(command)
+    assert len(ran) == 4 and all((work / c.split("--out ")[1].split()[0]).is_dir() for c in ran), ran
+    blocks = fenced_blocks(page, "python")
+    assert len(blocks) == 4, len(blocks)
+    for code in blocks:
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0 and result.stdout.strip(), f"{code}\n{result.stderr[-3000:]}"

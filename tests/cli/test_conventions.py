@@ -128,7 +128,7 @@ def test_resume_with_overwrite_is_refused_before_any_work(tmp_path: Path, capsys
 # ---- exports that do not lie, and that the commands read back ------------------------------------
 
 
-def bert_like_classifier() -> LoadedClassifier:
+def bert_like_classifier(pooling: str = "pooler") -> LoadedClassifier:
     """The fixture classifier's tokenizer on a random post-LN encoder (one BERT can express)."""
     fixture = load_classifier(FIXTURES / "text_classifier", device="cpu")
     encoder = EncoderConfig(
@@ -136,7 +136,7 @@ def bert_like_classifier() -> LoadedClassifier:
         norm_first=False, embedding_norm=True, positional="sinusoidal", pad_id=fixture.tokenizer.pad_id,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = TextClassifier(ClassifierConfig(encoder, num_classes=3, pooling="mean", head_dropout=0.0)).eval()
+    model = TextClassifier(ClassifierConfig(encoder, num_classes=3, pooling=pooling, head_dropout=0.0)).eval()
     return LoadedClassifier(model, fixture.tokenizer, ["sad", "neutral", "happy"], torch.device("cpu"))
 
 
@@ -146,20 +146,29 @@ def export(tmp_path: Path) -> tuple[LoadedClassifier, Path]:
     return classifier, classifier.save_pretrained(tmp_path / "hf")
 
 
-def test_an_export_writes_no_labels_without_their_head(export) -> None:
-    """transformers would show id2label over a randomly initialised head of its own: none written."""
+def test_an_export_is_a_sequence_classifier_with_our_labels(export) -> None:
+    """BertForSequenceClassification, whose head is ours: id2label may name our labels."""
     _, directory = export
     config = json.loads((directory / "config.json").read_text())
-    assert not {"id2label", "label2id"} & set(config)
-    assert config["architectures"] == ["BertModel"]  # not ...ForSequenceClassification
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "sad", "1": "neutral", "2": "happy"}
     assert config["scratchformer_classifier"]["labels"] == ["sad", "neutral", "happy"]
-    assert (directory / "classifier_head.safetensors").is_file()
+    assert not (directory / "classifier_head.safetensors").exists()
 
 
-def test_a_transformers_pipeline_sees_no_labels_of_ours(export) -> None:
+def test_a_transformers_pipeline_sees_our_labels(export) -> None:
     transformers = pytest.importorskip("transformers")
-    _, directory = export
-    assert transformers.AutoConfig.from_pretrained(directory).id2label == {0: "LABEL_0", 1: "LABEL_1"}
+    classifier, directory = export
+    pipe = transformers.pipeline("text-classification", model=str(directory), tokenizer=str(directory))
+    assert [answer["label"] for answer in pipe(TEXTS)] == [label for label, _ in classifier.predict(TEXTS)]
+
+
+def test_an_export_transformers_has_no_class_for_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match="a classifier with mean pooling has no Hugging Face .*--format onnx"
+    ):
+        bert_like_classifier("mean").save_pretrained(tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_load_classifier_and_classify_read_the_export(export, capsys) -> None:
@@ -173,9 +182,15 @@ def test_load_classifier_and_classify_read_the_export(export, capsys) -> None:
 
 
 def test_a_classifier_export_without_its_head_is_named(export) -> None:
+    from safetensors.torch import load_file, save_file
+
     _, directory = export
-    (directory / "classifier_head.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="the class head of a classifier export not found"):
+    state = load_file(str(directory / "model.safetensors"))
+    save_file(
+        {k: v for k, v in state.items() if not k.startswith("classifier.")},
+        str(directory / "model.safetensors"),
+    )
+    with pytest.raises(CheckpointError, match="lacks the class head"):
         load_classifier(directory)
 
 
@@ -187,12 +202,12 @@ def test_an_export_of_an_export_is_the_same_model(export, tmp_path: Path, capsys
 
 
 def plain_bert_export(tmp_path: Path) -> Path:
-    """A Hugging Face BERT directory that is not a classifier export (an encoder, a masked LM's)."""
-    model = bert_like_classifier()
-    directory = model.save_pretrained(tmp_path / "bert")
+    """A Hugging Face BERT directory that is not a classifier (an encoder alone: BertModel, no labels)."""
+    directory = bert_like_classifier().save_pretrained(tmp_path / "bert")
     config = json.loads((directory / "config.json").read_text())
-    del config["scratchformer_classifier"]
-    (directory / "config.json").write_text(json.dumps(config))
+    for key in ("scratchformer_classifier", "id2label", "label2id", "problem_type", "classifier_dropout"):
+        del config[key]
+    (directory / "config.json").write_text(json.dumps(config | {"architectures": ["BertModel"]}))
     return directory
 
 

@@ -64,7 +64,10 @@ def _truncate(directory: Path) -> None:
 
 
 def _bert_exports(world: Path) -> None:
-    """A classifier export (``hf_clf``), the same without its head, and a plain BERT export."""
+    """A classifier export (``hf_clf``: BertForSequenceClassification), the same without its head,
+    a plain BERT export (BertModel), and what CTranslate2 and ONNX exports look like."""
+    from safetensors.torch import load_file, save_file
+
     from scratchformer.models.classifier import ClassifierConfig, TextClassifier
     from scratchformer.models.contextual import EncoderConfig
     from scratchformer.tasks.classification import LoadedClassifier
@@ -74,14 +77,28 @@ def _bert_exports(world: Path) -> None:
         fixture.tokenizer.vocab_size, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=24,
         norm_first=False, embedding_norm=True, pad_id=fixture.tokenizer.pad_id,
     )  # fmt: skip
-    model = TextClassifier(ClassifierConfig(encoder, num_classes=2)).eval()
+    model = TextClassifier(ClassifierConfig(encoder, num_classes=2, pooling="pooler")).eval()
     LoadedClassifier(model, fixture.tokenizer, ["neg", "pos"], torch.device("cpu")).save_pretrained(
         world / "hf_clf"
     )
-    shutil.copytree(world / "hf_clf", world / "hf_headless")
-    (world / "hf_headless" / "classifier_head.safetensors").unlink()
+    headless = shutil.copytree(world / "hf_clf", world / "hf_headless") / "model.safetensors"
+    state = load_file(str(headless))
+    save_file({k: v for k, v in state.items() if not k.startswith("classifier.")}, str(headless))
     shutil.copytree(world / "hf_clf", world / "hf_bert")
-    _edit_config(lambda c: c.pop("scratchformer_classifier"))(world / "hf_bert")
+
+    def plain_bert(config: dict) -> None:  # the encoder alone: no head, no labels
+        for key in ("scratchformer_classifier", "id2label", "label2id", "problem_type", "classifier_dropout"):
+            config.pop(key)
+        config["architectures"] = ["BertModel"]
+
+    _edit_config(plain_bert)(world / "hf_bert")
+    for engine, files in {
+        "ct2": ("model.bin", "config.json"),
+        "onnx": ("model.onnx", "tokenizer.json"),
+    }.items():
+        (world / engine).mkdir()
+        for name in files:
+            (world / engine / name).write_text("{}")
 
 
 def _recipes_and_data(world: Path) -> None:
@@ -154,7 +171,7 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("sample-seed", ["translate", "--checkpoint", "x", "--sampling", "--seed", str(2**64)], USAGE, "--seed"),
     ("precision", ["classify", "--checkpoint", "x", "--precision", "fp8"], USAGE, "unrecognized arguments"),
     ("eval-precision", ["evaluate", "--checkpoint", "x", "--precision", "fp8"], USAGE, "invalid choice"),
-    ("export-format", ["export", "--checkpoint", "x", "--out", "y", "--format", "onnx"], USAGE, "'onnx'"),
+    ("export-format", ["export", "--checkpoint", "x", "--out", "y", "--format", "tflite"], USAGE, "'tflite'"),
     ("export-no-out", ["export", "--checkpoint", "x"], USAGE, "the following arguments are required: --out"),
     ("no-checkpoint", ["classify", "a text"], USAGE, "the following arguments are required: --checkpoint"),
     (
@@ -288,6 +305,20 @@ CASES: list[tuple[str, list[str], str, str]] = [
         "Hugging Face BERT",
     ),
     ("classify-headless", ["classify", "--checkpoint", "{w}/hf_headless", "a"], ERROR, "the class head"),
+    (
+        "export-mean",
+        ["export", "--checkpoint", "{w}/ckpt", "--out", "{o}/x"],
+        ERROR,
+        "a classifier with mean pooling has no Hugging Face sequence-classification class",
+    ),
+    (
+        "classify-ct2",
+        ["classify", "--checkpoint", "{w}/ct2", "a"],
+        ERROR,
+        "is a CTranslate2 model (model.bin)",
+    ),
+    ("translate-onnx", ["translate", "--checkpoint", "{w}/onnx", "a"], ERROR, "run it with onnxruntime"),
+    ("embed-ct2", ["embed", "--model", "{w}/ct2", "a"], ERROR, "run it with CTranslate2"),
     ("export-over", ["export", "--checkpoint", "{w}/ckpt", "--out", "{w}/hf_clf"], ERROR, "already exists"),
     ("export-onto-file", ["export", "--checkpoint", "{w}/ckpt", "--out", "{w}/a_file.txt"], ERROR, "exists"),
     ("export-pre-ln", ["export", "--checkpoint", "{w}/ckpt", "--out", "{o}/x"], ERROR, "norm_first=True"),

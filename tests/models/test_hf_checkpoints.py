@@ -717,24 +717,25 @@ def test_every_embedding_sharing_exports(trained_translator, share, tie, tmp_pat
 
 
 def test_configurations_marian_cannot_express_are_named(trained_translator, tmp_path: Path) -> None:
+    """Post-LN goes out as Marian, pre-LN as Pegasus; what neither has a place for is named, all at once."""
     _, translator = trained_translator
-    config = TransformerConfig(
-        400,
-        400,
-        d_model=32,
-        num_heads=2,
-        d_ff=64,
-        norm_first=True,
-        positional="learned",
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-    )
-    pre_ln = Translator(Transformer(config), translator.tokenizer, translator.decoding, torch.device("cpu"))
-    with pytest.raises(
-        ValueError, match=r"norm_first=True \(Marian is post-LN\); final_norm.*positional='learned'"
+    sizes = {"d_model": 32, "num_heads": 2, "d_ff": 64, "num_encoder_layers": 1, "num_decoder_layers": 1}
+    for options, message in (
+        (
+            {"norm_first": False, "final_norm": True, "positional": "learned"},
+            r"a Marian checkpoint: final_norm=True with norm_first=False.*positional='learned'",
+        ),
+        (
+            {"norm_first": True, "final_norm": False, "share_embeddings": False},
+            r"a Pegasus checkpoint: norm_first=True without final_norm.*share_embeddings=False",
+        ),
     ):
-        pre_ln.save_pretrained(tmp_path / "x")
-    assert not (tmp_path / "x").exists()
+        model = Transformer(TransformerConfig(400, 400, **sizes, **options))
+        with pytest.raises(ValueError, match=message):
+            Translator(model, translator.tokenizer, translator.decoding, torch.device("cpu")).save_pretrained(
+                tmp_path / "x"
+            )
+        assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
@@ -755,9 +756,9 @@ def test_exported_classifier_encoder_runs_in_transformers(positional, tmp_path: 
         dropout=0.0,
     )
     torch.manual_seed(2)
-    model = TextClassifier(ClassifierConfig(encoder, num_classes=3)).eval()
+    model = TextClassifier(ClassifierConfig(encoder, num_classes=3, pooling="pooler")).eval()
     LoadedClassifier(model, tokenizer, ["a", "b", "c"], torch.device("cpu")).save_pretrained(tmp_path / "hf")
-    hf = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()
+    hf = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()  # the encoder of the classifier
     assert type(hf).__name__ == "BertModel"
     texts = ["a dog runs in the park.", "two red cats sleep"]
     batch = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(
@@ -776,33 +777,30 @@ def test_exported_classifier_encoder_runs_in_transformers(positional, tmp_path: 
 
 
 def test_trained_classifier_exports_through_the_cli(tmp_path: Path, capsys) -> None:
-    """Our IMDB-style recipe made post-LN, trained; exported; BertModel + the saved head give our
-    probabilities."""
-    from safetensors.torch import load_file
+    """Our IMDB-style recipe made post-LN with BERT's pooler, trained; exported; transformers'
+    BertForSequenceClassification gives our labels and probabilities."""
     from tasks.test_text_classification import tiny_recipe as classifier_recipe
 
     from scratchformer.tasks.classification import load_classifier, train_classifier
 
     recipe = classifier_recipe(tmp_path)
+    recipe.pooling = "pooler"
     recipe.model.update(norm_first=False, embedding_norm=True, positional="sinusoidal")
     report = train_classifier(recipe)
     checkpoint = tmp_path / "run" / report["test_checkpoint"]
     assert main(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")]) == 0
-    assert "BERT (AutoModel)" in capsys.readouterr().out
+    assert "wrote a Hugging Face" in capsys.readouterr().out
     ours = load_classifier(checkpoint, device="cpu")
-    hf = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.id2label == {0: "negative", 1: "positive"}
     texts = ["the plot was superb", "a dull film", "superb acting but a dull and dull plot"]
     batch = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(
         texts, padding=True, return_tensors="pt"
     )
-    head = load_file(str(tmp_path / "hf" / "classifier_head.safetensors"))
     with torch.no_grad():
-        states = hf(**batch).last_hidden_state
-    mask = batch.attention_mask[..., None].float()
-    pooled = (states * mask).sum(1) / mask.sum(1)  # the exported config says: mean pooling
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["scratchformer_pooling"] == "mean"
-    probabilities = torch.softmax(pooled @ head["weight"].T + head["bias"], dim=-1)
+        probabilities = torch.softmax(hf(**batch).logits, dim=-1)
     assert float((probabilities - ours.probabilities(texts)).abs().max()) < 1e-5
+    assert probabilities.argmax(-1).tolist()[:2] == [1, 0]  # trained: the task is learned
 
 
 def test_encoders_bert_cannot_express_are_named(tmp_path: Path) -> None:
@@ -813,8 +811,12 @@ def test_encoders_bert_cannot_express_are_named(tmp_path: Path) -> None:
     classifier = LoadedClassifier(
         TextClassifier(ClassifierConfig(encoder)), tokenizer, ["a", "b"], torch.device("cpu")
     )
-    with pytest.raises(ValueError, match=r"norm_first=True \(BERT is post-LN\).*embedding_norm=False"):
+    with pytest.raises(
+        ValueError, match=r"norm_first=True \(BERT is post-LN\).*embedding_norm=False"
+    ) as error:
         classifier.save_pretrained(tmp_path / "x")
+    assert "a classifier with mean pooling has no Hugging Face" in str(error.value)  # every problem, one line
+    assert not (tmp_path / "x").exists()
 
 
 def test_an_export_is_written_as_the_umask_says(tmp_path: Path) -> None:

@@ -182,6 +182,28 @@ def test_mean_pooling_classifier_ignores_extra_padding() -> None:
     assert (model(padded) - model(tokens)).abs().max().item() <= 1e-6
 
 
+def test_pooler_pooling_is_bert_sequence_classification() -> None:
+    """Pooling "pooler": head(dropout(tanh(W_p h_[CLS] + b_p))), the encoder's pooler (switched on by
+    the config), as transformers' BertForSequenceClassification computes it; unknown poolings named."""
+    torch.manual_seed(0)
+    encoder = EncoderConfig(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64, pad_id=0)
+    config = ClassifierConfig(encoder, 3, pooling="pooler")
+    assert config.encoder.pooler and not encoder.pooler  # the caller's config is left as it was
+    assert ClassifierConfig.from_dict(config.to_dict()) == config
+    model = TextClassifier(config).eval()
+    tokens = torch.randint(1, 50, (4, 9))
+    tokens[1, 5:] = 0
+    hidden = model.encoder(tokens)
+    expected = model.head(torch.tanh(model.encoder.pooler(hidden[:, 0])))
+    assert (model(tokens) - expected).abs().max().item() <= 1e-6
+    assert (model(tokens) - model.head(hidden[:, 0])).abs().max().item() > 1e-3  # not "cls"
+    with pytest.raises(ValueError, match=r"pooling: expected one of \('mean', 'cls', 'pooler'\), got 'max'"):
+        ClassifierConfig(encoder, 3, pooling="max")
+    with pytest.raises(ValueError, match=r"pooling: expected one of \('mean', 'cls', 'pooler'\)"):
+        ClassifierRecipe(train_file="x.jsonl", pooling="max").validate()
+    ClassifierRecipe(train_file="x.jsonl", pooling="pooler").validate()
+
+
 def test_loader_errors_name_file_and_line(tmp_path: Path) -> None:
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "fine", "label": 1}\n{"text": "oops", "label": \n')

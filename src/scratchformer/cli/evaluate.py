@@ -18,7 +18,12 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         help="score a checkpoint: a classifier (accuracy, F1), a translator (BLEU, chrF) "
         "or a captioner (BLEU-1..4, CIDEr-D, exact match)",
     )
-    evaluate.add_argument("--checkpoint", required=True)
+    evaluate.add_argument(
+        "--checkpoint",
+        required=True,
+        help="our checkpoint, or its Hugging Face export (Marian; BertForSequenceClassification, "
+        "any such directory too)",
+    )
     evaluate.add_argument("--data", help="classifier: JSONL/CSV file with text and label")
     evaluate.add_argument("--source", help="translation: source sentences, one per line (.gz ok)")
     evaluate.add_argument("--reference", help="translation: reference translations, one per line")

@@ -23,7 +23,8 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
         "--checkpoint",
         required=True,
         help="our translation checkpoint, or a Hugging Face "
-        "Marian directory (opus-mt: config.json, model.safetensors, source.spm, target.spm, vocab.json)",
+        "Marian or Pegasus directory (opus-mt: config.json, model.safetensors, source.spm, target.spm, "
+        "vocab.json; our --format hf export)",
     )
     add_generation_options(translate)
     translate.add_argument("--batch-size", type=positive, default=32, help="sentences decoded together")
@@ -40,16 +41,24 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
         help='one {"translation_text", "score", "tokens", "nbest", ...} per line',
     )
     translate.add_argument("--device", default="auto")
+    translate.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "int8"],
+        default="fp32",
+        help="fp32 (default), bf16 weights, or int8 linear layers (dynamic quantization, CPU only)",
+    )
     _add_errors_option(translate)
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
     translate.set_defaults(func=_translate)
 
 
 def _translate(args: argparse.Namespace) -> int:
+    from scratchformer.models.pretrained import refuse_engine_export
     from scratchformer.tasks.translation import load_translator, read_lines
 
     options = generation_options(args)
-    translator = load_translator(args.checkpoint, device=args.device)
+    refuse_engine_export(args.checkpoint)  # an ONNX or CTranslate2 export: say how to run it
+    translator = load_translator(args.checkpoint, device=args.device).with_precision(args.precision)
     config = translator.generation_config(**options)
     if args.prefix:
         _warn_unknown("--prefix pieces", translator.unknown_prefix_pieces(args.prefix))
@@ -110,9 +119,11 @@ def _caption(args: argparse.Namespace) -> int:
     import torch
 
     from scratchformer.data.captions import UNK, tokenize_caption
+    from scratchformer.models.pretrained import refuse_engine_export
     from scratchformer.tasks.captioning import load_captioner
 
     options = generation_options(args)
+    refuse_engine_export(args.checkpoint)
     captioner = load_captioner(args.checkpoint, device=args.device)
     if args.prefix:  # words the vocabulary lacks would be forced as <UNK>
         words = tokenize_caption(args.prefix)
@@ -143,7 +154,12 @@ def _caption(args: argparse.Namespace) -> int:
 
 def add_classify(sub: argparse._SubParsersAction) -> None:
     classify = sub.add_parser("classify", help="label texts with a classifier checkpoint")
-    classify.add_argument("--checkpoint", required=True)
+    classify.add_argument(
+        "--checkpoint",
+        required=True,
+        help="our classifier checkpoint, its Hugging Face export, or any Hugging Face "
+        "BertForSequenceClassification directory (config.json, model.safetensors, tokenizer.json)",
+    )
     classify.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
     classify.add_argument("--batch-size", type=positive, default=64)
     classify.add_argument("--device", default="auto")
@@ -187,7 +203,9 @@ def _classify(args: argparse.Namespace) -> int:
 
 
 def add_embed(sub: argparse._SubParsersAction) -> None:
-    embed = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT-family checkpoint")
+    embed = sub.add_parser(
+        "embed", help="sentence embeddings from a BERT-family checkpoint (our BERT exports too)"
+    )
     _add_model_argument(embed)
     embed.add_argument("texts", nargs="*", help="texts to embed (default: one per line on stdin)")
     embed.add_argument(
@@ -212,8 +230,9 @@ def add_similarity(sub: argparse._SubParsersAction) -> None:
 def _add_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        help="BERT-family checkpoint directory (config.json, model.safetensors, tokenizer.json); "
-        "default $SCRATCHFORMER_MODEL, else all-MiniLM-L6-v2 from the 'pretrained' extra",
+        help="BERT-family checkpoint directory (config.json, model.safetensors, tokenizer.json; our "
+        "masked-LM and classifier exports too); default $SCRATCHFORMER_MODEL, else all-MiniLM-L6-v2 "
+        "from the 'pretrained' extra",
     )
 
 

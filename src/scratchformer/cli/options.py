@@ -230,17 +230,20 @@ def _one_line(text: str) -> str:
 
 def checkpoint_kind(checkpoint: str) -> str:
     """The "kind" a checkpoint's config.json records; a Hugging Face Marian directory is a translation
-    model, our classifier export a text classifier. Any other directory is an error naming what it
-    holds (a Hugging Face export, or a config.json with no kind) and what the commands take."""
-    from scratchformer.models.hf_files import CLASSIFIER_EXPORT_KEY
+    model, our classifier export (and any ``BertForSequenceClassification``) a text classifier. An
+    ONNX or CTranslate2 export is an error saying how to run it; any other directory one naming what
+    it holds (a Hugging Face export, or a config.json with no kind) and what the commands take."""
+    from scratchformer.models.classifier import is_classifier_export
     from scratchformer.models.marian import is_marian_dir
+    from scratchformer.models.pretrained import refuse_engine_export
     from scratchformer.training.checkpoint import foreign_checkpoint, load_config, resolve_checkpoint
 
+    refuse_engine_export(checkpoint)
     if is_marian_dir(checkpoint):
         return "translation"
     directory = resolve_checkpoint(checkpoint)
     config = load_config(directory)
-    if CLASSIFIER_EXPORT_KEY in config:
+    if is_classifier_export(config):
         return "text_classifier"
     kind = config.get("kind")
     if not isinstance(kind, str):

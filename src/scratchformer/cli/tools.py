@@ -1,5 +1,5 @@
 """The commands around the models: the ``demo``, image ``features``, rendered ``shapes`` scenes,
-``export`` to the Hugging Face format and a translation's ``attention`` maps."""
+``export`` for serving (Hugging Face, CTranslate2, ONNX) and a translation's ``attention`` maps."""
 
 from __future__ import annotations
 
@@ -133,15 +133,39 @@ def _shapes(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------ export, attention
 
 
+EXPORT_FORMATS = {  # what each kind of checkpoint can be written as
+    "translation": ("hf", "ctranslate2", "onnx"),
+    "text_classifier": ("hf", "onnx"),
+    "masked_lm": ("hf", "onnx"),
+    "sentence_encoder": ("onnx",),
+}
+
+
 def add_export(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser(
         "export",
-        help="write a checkpoint in the Hugging Face format: a translator as a Marian "
-        "directory (MarianMTModel), a classifier's encoder or a masked LM as a BERT directory (AutoModel)",
+        help="write a checkpoint for serving: --format hf (a translator as a Marian or Pegasus directory, "
+        "a classifier with pooling 'pooler' as BertForSequenceClassification, a masked LM as "
+        "BertForMaskedLM), ctranslate2 (a translator, for ctranslate2.Translator) or onnx (a translator, "
+        "classifier, masked LM or sentence-transformers encoder, for onnxruntime)",
     )
     export.add_argument("--checkpoint", required=True)
     export.add_argument("--out", required=True, help="a new directory")
-    export.add_argument("--format", choices=["hf"], default="hf")
+    export.add_argument("--format", choices=["hf", "ctranslate2", "onnx"], default="hf")
+    export.add_argument(
+        "--quantization",
+        choices=["int8", "int8_float32", "int16", "float16", "bfloat16"],
+        default=None,
+        help="ctranslate2: the weights' type on disk (default float32; ctranslate2.Translator's "
+        "compute_type can convert again when loading)",
+    )
+    export.add_argument(
+        "--truncation",
+        choices=["head"],
+        default=None,
+        help="hf classifier: export cutting long texts at the end (transformers cannot cut head + tail, "
+        "our default); our own commands then cut them so too",
+    )
     export.set_defaults(func=_export)
 
 
@@ -149,32 +173,80 @@ def _export(args: argparse.Namespace) -> int:
     from scratchformer.models.hf_files import check_new_directory
 
     check_new_directory(args.out)  # before any loading
-    kind = checkpoint_kind(args.checkpoint)
-    if kind == "translation":
-        from scratchformer.tasks.translation import load_translator
-
-        written, what = (
-            load_translator(args.checkpoint, device="cpu").save_pretrained(args.out, args.format),
-            "Marian (MarianMTModel)",
-        )
-    elif kind == "text_classifier":
-        from scratchformer.tasks.classification import load_classifier
-
-        written, what = (
-            load_classifier(args.checkpoint, device="cpu").save_pretrained(args.out, args.format),
-            "BERT (AutoModel)",
-        )
-    elif kind == "masked_lm":
-        from scratchformer.tasks.masked_lm import export_masked_lm
-
-        written, what = export_masked_lm(args.checkpoint, args.out), "BERT (BertForMaskedLM, AutoModel)"
-    else:
-        raise ValueError(
-            f"{args.checkpoint}: a {kind!r} checkpoint has no Hugging Face format "
-            "(translation, text_classifier and masked_lm checkpoints do)"
-        )
-    print(f"wrote a Hugging Face {what} directory: {written}")
+    kind = _export_kind(args.checkpoint, args.format)
+    if args.format not in EXPORT_FORMATS.get(kind, ()):
+        offered = ", ".join(f"{k}: {'/'.join(v)}" for k, v in EXPORT_FORMATS.items())
+        raise ValueError(f"{args.checkpoint}: a {kind!r} checkpoint has no {args.format} format ({offered})")
+    if args.quantization and args.format != "ctranslate2":
+        raise ValueError("--quantization applies to --format ctranslate2 only")
+    if args.truncation and (kind, args.format) != ("text_classifier", "hf"):
+        raise ValueError("--truncation applies to a classifier's --format hf only")
+    written, what = _EXPORTERS[kind](args)
+    print(f"wrote {what} directory: {written}")
     return 0
+
+
+def _export_kind(checkpoint: str, format: str) -> str:
+    """The checkpoint's kind; with --format onnx, a sentence-transformers (or BERT-family) directory
+    that is not ours is a sentence encoder."""
+    from scratchformer.tasks.sentence_embedding import is_sentence_encoder_dir
+
+    if format == "onnx" and is_sentence_encoder_dir(checkpoint):
+        return "sentence_encoder"
+    return checkpoint_kind(checkpoint)
+
+
+def _export_translation(args: argparse.Namespace) -> tuple[object, str]:
+    from scratchformer.tasks.translation import load_translator
+
+    translator = load_translator(args.checkpoint, device="cpu")
+    written = translator.save_pretrained(args.out, args.format, quantization=args.quantization)
+    what = {
+        "hf": "a Hugging Face "
+        + ("Pegasus" if translator.model.config.norm_first else "Marian")
+        + " (AutoModelForSeq2SeqLM)",
+        "ctranslate2": "a CTranslate2 (ctranslate2.Translator)",
+        "onnx": "an ONNX (encoder.onnx + decoder.onnx with past key/values, onnxruntime)",
+    }[args.format]
+    return written, what
+
+
+def _export_classifier(args: argparse.Namespace) -> tuple[object, str]:
+    from scratchformer.tasks.classification import load_classifier
+
+    classifier = load_classifier(args.checkpoint, device="cpu")
+    if args.format == "onnx":
+        return classifier.save_pretrained(args.out, "onnx"), "an ONNX (model.onnx, onnxruntime)"
+    written = classifier.save_pretrained(args.out, "hf", truncation=args.truncation)
+    return (
+        written,
+        "a Hugging Face BERT (BertForSequenceClassification: AutoModelForSequenceClassification, pipeline)",
+    )
+
+
+def _export_masked_lm(args: argparse.Namespace) -> tuple[object, str]:
+    from scratchformer.tasks.masked_lm import export_masked_lm
+
+    what = {
+        "hf": "a Hugging Face BERT (BertForMaskedLM, AutoModel)",
+        "onnx": "an ONNX (model.onnx, onnxruntime)",
+    }
+    return export_masked_lm(args.checkpoint, args.out, args.format), what[args.format]
+
+
+def _export_sentence_encoder(args: argparse.Namespace) -> tuple[object, str]:
+    from scratchformer.tasks.sentence_embedding import SentenceEncoder
+
+    written = SentenceEncoder.from_pretrained(args.checkpoint).save_onnx(args.out)
+    return written, "an ONNX (model.onnx: sentence_embedding, onnxruntime)"
+
+
+_EXPORTERS = {
+    "translation": _export_translation,
+    "text_classifier": _export_classifier,
+    "masked_lm": _export_masked_lm,
+    "sentence_encoder": _export_sentence_encoder,
+}
 
 
 def add_attention(sub: argparse._SubParsersAction) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "read_weights",
     "require_file",
     "split_qkv",
+    "write_directory",
     "write_export",
 ]
 
@@ -147,16 +148,27 @@ def write_export(
     """Write config.json + model.safetensors (+ ``extra_files(tmp)``) into a new ``directory``,
     atomically (a temporary sibling renamed into place; those an earlier, killed export to the same
     name left behind are removed first). An existing non-empty directory is an error."""
-    directory = check_new_directory(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(directory)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         tensors = {k: v.detach().clone().contiguous() for k, v in state.items()}  # tied names: one copy each
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if extra_files is not None:
             extra_files(tmp)
+
+    return write_directory(directory, fill)
+
+
+def write_directory(directory: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Run ``fill(tmp)`` on a temporary sibling of the new ``directory``, then rename it into place:
+    a killed export leaves no half directory (and the temporaries an earlier, killed export to the
+    same name left behind are removed first). An existing non-empty directory is an error."""
+    directory = check_new_directory(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(directory)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        fill(tmp)
         widen_to_umask(tmp)  # mkdtemp's 0700 and safetensors' 0600 would keep the export private
         if directory.exists():
             directory.rmdir()

@@ -23,12 +23,19 @@ Export writes the same names back. Our models use the paper's interleaved positi
 cannot express; they are exported exactly all the same by a change of basis: the D coordinates of
 the residual stream are permuted (sines first, then cosines) in every weight that reads or writes
 it. LayerNorm is blind to the order of coordinates and every other map just follows, so the
-exported network computes the same function (up to float rounding).
+exported network computes the same function (up to float rounding). The embeddings are laid out so
+that CTranslate2's ``ct2-transformers-converter`` reads the export as it reads opus-mt models and
+computes the same function too (:mod:`~scratchformer.models.marian_layout`).
+
+Pre-LN models go in and out as Pegasus (``PegasusForConditionalGeneration``), Marian's pre-LN sibling:
+the same names, a LayerNorm before each sublayer, one after each stack (``model.encoder.layer_norm``,
+``model.decoder.layer_norm``: our ``norm_first=True, final_norm=True``) and one embedding matrix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -46,6 +53,7 @@ from scratchformer.models.hf_files import (
     read_weights,
     split_qkv,
 )
+from scratchformer.models.marian_layout import ctranslate2_layout, undo_ctranslate2_layout
 
 __all__ = ["is_marian_dir", "load_marian", "marian_config", "marian_export", "map_marian_weights"]
 
@@ -71,19 +79,25 @@ _DECODER_LAYER = {
 }
 _LAYERS = {"encoder": _ENCODER_LAYER, "decoder": _DECODER_LAYER}
 _LAYER = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_FINAL_NORM = re.compile(r"model\.(encoder|decoder)\.layer_norm\.(weight|bias)")  # Pegasus
+_FAMILIES = ("marian", "pegasus")  # post-LN, pre-LN with a LayerNorm after each stack
 _POSITIONS = re.compile(r"model\.(encoder|decoder)\.embed_positions\.weight")  # a formula, recomputed
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu"}
 
 
 def is_marian_dir(directory: str | Path) -> bool:
-    """A Hugging Face Marian directory (config.json with model_type "marian")?"""
-    return model_type(directory) == "marian"
+    """A Hugging Face Marian directory, or one of its pre-LN sibling Pegasus (config.json with
+    model_type "marian" or "pegasus")?"""
+    return model_type(directory) in _FAMILIES
 
 
 def marian_config(hf: dict[str, Any]) -> tuple[TransformerConfig, dict[str, int]]:
     """A Marian ``config.json`` -> (our config, the special ids pad / bos (= decoder start) / eos)."""
-    if hf.get("model_type") != "marian":
-        raise CheckpointError(f"config.json: model_type {hf.get('model_type')!r} is not 'marian'")
+    if hf.get("model_type") not in _FAMILIES:
+        raise CheckpointError(
+            f"config.json: model_type {hf.get('model_type')!r} is not 'marian' or 'pegasus'"
+        )
+    pegasus = hf["model_type"] == "pegasus"
     try:
         act = _ACTIVATIONS.get(hf.get("activation_function", "swish"))
         if act is None:
@@ -94,7 +108,7 @@ def marian_config(hf: dict[str, Any]) -> tuple[TransformerConfig, dict[str, int]
         for field in ("attention_heads", "ffn_dim"):
             if hf[f"encoder_{field}"] != hf[f"decoder_{field}"]:
                 raise CheckpointError(f"config.json: encoder_{field} != decoder_{field} is not supported")
-        share = hf.get("share_encoder_decoder_embeddings", True)
+        share = pegasus or hf.get("share_encoder_decoder_embeddings", True)
         pad = hf["pad_token_id"]
         config = TransformerConfig(
             src_vocab_size=hf["vocab_size"],
@@ -107,8 +121,8 @@ def marian_config(hf: dict[str, Any]) -> tuple[TransformerConfig, dict[str, int]
             dropout=hf.get("dropout", 0.1),
             attention_dropout=hf.get("attention_dropout", 0.0),
             activation=act,
-            norm_first=False,
-            final_norm=False,
+            norm_first=pegasus,
+            final_norm=pegasus,
             layer_norm_eps=1e-5,
             max_len=hf.get("max_position_embeddings", 1024),
             positional="sinusoidal",
@@ -135,6 +149,8 @@ def map_marian_weights(
         layer = _LAYER.fullmatch(name)
         if layer and layer[3] in _LAYERS[layer[1]]:
             ours[f"{layer[1]}.layers.{layer[2]}.{_LAYERS[layer[1]][layer[3]]}.{layer[4]}"] = tensor
+        elif _FINAL_NORM.fullmatch(name):
+            ours[name.replace("model.", "", 1).replace("layer_norm", "norm")] = tensor
         elif name == "model.shared.weight":  # untied, transformers saves it beside the two it never reads
             if "model.encoder.embed_tokens.weight" not in hf_state:
                 ours["src_embed.weight"] = tensor
@@ -160,19 +176,16 @@ def map_marian_weights(
 
 def _decoding(directory: Path, hf_config: dict[str, Any], config: TransformerConfig) -> dict[str, Any]:
     """Decoding defaults as ``generate`` would take them: generation_config.json, else the legacy
-    fields of config.json (num_beams, max_length, length_penalty), else Hugging Face's defaults."""
+    fields of config.json (num_beams, max_length, length_penalty), else Hugging Face's defaults; the
+    exact ``a * S + b`` length rule where our export wrote it."""
     path = directory / "generation_config.json"
     gen = {
         **{k: v for k, v in hf_config.items() if k in ("num_beams", "max_length", "length_penalty")},
         **(read_json(path) if path.is_file() else {}),
     }
-    new_tokens = gen.get("max_new_tokens") or (gen.get("max_length") or config.max_len) - 1
-    return {
-        "beam_size": gen.get("num_beams") or 1,
-        "length_penalty": gen.get("length_penalty", 1.0),
-        "max_len_a": 0.0,
-        "max_len_b": int(new_tokens),
-    }
+    from scratchformer.models.hf_generation import read_decoding
+
+    return read_decoding(gen, config.max_len, path)  # our export: the exact a * S + b rule
 
 
 def load_marian(directory: str | Path) -> tuple[Transformer, dict[str, int], dict[str, Any]]:
@@ -183,7 +196,7 @@ def load_marian(directory: str | Path) -> tuple[Transformer, dict[str, int], dic
         CheckpointError: a config field we cannot express, or tensors that do not fit (all listed).
     """
     directory = Path(directory)
-    hf_config, hf_state = read_weights(directory)
+    hf_config, hf_state = undo_ctranslate2_layout(*read_weights(directory))
     config, special = marian_config(hf_config)
     config = _sharing_as_saved(config, hf_state)
     state, unexpected = map_marian_weights(hf_state, config)
@@ -237,30 +250,41 @@ def _permute_width(state: dict[str, Tensor], order: Tensor) -> dict[str, Tensor]
 def marian_export(
     model: Transformer, special: dict[str, int], decoding: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
-    """Our Transformer -> (Marian config.json, its tensors, generation_config.json). A configuration
-    Marian cannot express is a ``ValueError`` naming every such option."""
+    """Our Transformer -> (config.json, its tensors, generation_config.json): a post-LN model as a
+    Marian checkpoint, a pre-LN one (with the stacks' final LayerNorms) as Pegasus, Marian's pre-LN
+    sibling. A configuration neither can express is a ``ValueError`` naming every such option."""
     _check_marian_can_express(model)
-    return (
-        _marian_config(model.config, special),
-        _marian_state(model),
-        _marian_generation(model.config, special, decoding),
-    )
+    if model.config.norm_first:
+        config, state = _pegasus_config(model.config, special), _pegasus_state(model)
+    else:
+        state, layout = _marian_state(model, special)
+        config = {**_marian_config(model.config, special), **layout}
+    return config, state, _marian_generation(model.config, special, decoding)
 
 
 def _check_marian_can_express(model: Transformer) -> None:
-    """A ``ValueError`` naming every option of ``model`` that a Marian checkpoint has no place for."""
+    """A ``ValueError`` naming every option of ``model`` that neither a Marian (post-LN) nor a Pegasus
+    (pre-LN) checkpoint has a place for."""
     c = model.config
+    final_norms = model.encoder.norm is not None, model.decoder.norm is not None
     problems = [
         text
         for bad, text in (
-            (c.norm_first, "norm_first=True (Marian is post-LN)"),
             (
-                model.encoder.norm is not None or model.decoder.norm is not None,
-                "final_norm=True (Marian has no LayerNorm after the stacks)",
+                c.norm_first and not all(final_norms),
+                "norm_first=True without final_norm (Pegasus, pre-LN, ends each stack with a LayerNorm)",
+            ),
+            (
+                not c.norm_first and any(final_norms),
+                "final_norm=True with norm_first=False (Marian has no LayerNorm after the stacks)",
+            ),
+            (
+                c.norm_first and not c.share_embeddings,
+                "share_embeddings=False with norm_first=True (Pegasus has one embedding matrix)",
             ),
             (
                 c.positional != "sinusoidal",
-                f"positional={c.positional!r} (Marian's positions are sinusoidal)",
+                f"positional={c.positional!r} (Marian's and Pegasus's positions are sinusoidal)",
             ),
             (not c.bias, "bias=False (Marian's linear maps have biases)"),
             (c.layer_norm_eps != 1e-5, f"layer_norm_eps={c.layer_norm_eps} (Marian's LayerNorm uses 1e-5)"),
@@ -269,11 +293,28 @@ def _check_marian_can_express(model: Transformer) -> None:
         if bad
     ]
     if problems:
-        raise ValueError("this model cannot be written as a Marian checkpoint: " + "; ".join(problems))
+        family = "Pegasus" if c.norm_first else "Marian"
+        raise ValueError(f"this model cannot be written as a {family} checkpoint: " + "; ".join(problems))
 
 
-def _marian_state(model: Transformer) -> dict[str, Tensor]:
-    """Our state dict under Marian's names (W^Q, W^K, W^V split; interleaved positions permuted)."""
+def _marian_state(model: Transformer, special: dict[str, int]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Our state dict under Marian's names (W^Q, W^K, W^V split; interleaved positions permuted; the
+    embeddings as :func:`~scratchformer.models.marian_layout.ctranslate2_layout` lays them out),
+    and the config.json entries of that layout."""
+    c = model.config
+    state, hf_state = _layer_tensors(model)
+    # Every name of the embeddings: transformers ties encoder/decoder to model.shared only when the
+    # output is tied too (tie_word_embeddings), so each is written out.
+    embeddings, entries = ctranslate2_layout(state, c, special)
+    hf_state.update(embeddings)
+    bias = state.get("generator.bias", torch.zeros(c.tgt_vocab_size))
+    hf_state["final_logits_bias"] = bias.reshape(1, -1).clone()
+    return hf_state, entries
+
+
+def _layer_tensors(model: Transformer) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(our state dict as float32, coordinates in Marian's order; the layers' tensors under Marian's
+    names, W^Q, W^K, W^V split)."""
     c = model.config
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     if c.sinusoidal_layout == "interleaved":
@@ -285,17 +326,31 @@ def _marian_state(model: Transformer) -> dict[str, Tensor]:
         if layer is not None:
             stack, i, module, kind = layer.groups()
             hf_state[f"model.{stack}.layers.{i}.{inverse[stack][module]}.{kind}"] = tensor
-    # Every name of the embeddings: transformers ties encoder/decoder to model.shared only when the
-    # output is tied too (tie_word_embeddings), so each is written out.
-    hf_state["model.encoder.embed_tokens.weight"] = state["src_embed.weight"]
-    hf_state["model.decoder.embed_tokens.weight"] = state["tgt_embed.weight"]
-    if c.share_embeddings:
-        hf_state["model.shared.weight"] = state["src_embed.weight"]
+    return state, hf_state
+
+
+def _pegasus_state(model: Transformer) -> dict[str, Tensor]:
+    """Our pre-LN state dict under Pegasus's names: Marian's, the stacks' final LayerNorms
+    (``model.{encoder,decoder}.layer_norm``) and the one embedding matrix (``model.shared``)."""
+    c = model.config
+    state, hf_state = _layer_tensors(model)
+    for stack, kind in itertools.product(("encoder", "decoder"), ("weight", "bias")):
+        hf_state[f"model.{stack}.layer_norm.{kind}"] = state[f"{stack}.norm.{kind}"]
+    for name in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
+        hf_state[f"{name}.weight"] = state["src_embed.weight"]
     if not c.tie_output:
         hf_state["lm_head.weight"] = state["generator.weight"]
     bias = state.get("generator.bias", torch.zeros(c.tgt_vocab_size))
     hf_state["final_logits_bias"] = bias.reshape(1, -1).clone()
     return hf_state
+
+
+def _pegasus_config(c: TransformerConfig, special: dict[str, int]) -> dict[str, Any]:
+    """Pegasus's config.json: Marian's, less the fields of separate vocabularies."""
+    config = _marian_config(c, special)
+    for name in ("decoder_vocab_size", "share_encoder_decoder_embeddings"):
+        del config[name]
+    return config | {"model_type": "pegasus", "architectures": ["PegasusForConditionalGeneration"]}
 
 
 def _marian_config(c: TransformerConfig, special: dict[str, int]) -> dict[str, Any]:
@@ -333,15 +388,8 @@ def _marian_config(c: TransformerConfig, special: dict[str, int]) -> dict[str, A
 def _marian_generation(
     c: TransformerConfig, special: dict[str, int], decoding: dict[str, Any]
 ) -> dict[str, Any]:
-    """generation_config.json: our decoding defaults, as generate() reads them."""
-    pad, bos, eos = special["pad"], special["bos"], special["eos"]
-    return {  # a * S + b has no HF equivalent
-        "decoder_start_token_id": bos,
-        "eos_token_id": eos,
-        "pad_token_id": pad,
-        "forced_eos_token_id": eos,
-        "bad_words_ids": [[pad]] + ([[bos]] if bos != pad else []),
-        "max_length": c.max_len,
-        "num_beams": decoding.get("beam_size", 1),
-        "length_penalty": decoding.get("length_penalty", 1.0),
-    }
+    """generation_config.json: our decoding defaults, as generate() reads them (a * S + b: the
+    largest limit any source gets, and the exact rule under keys of ours; see hf_generation)."""
+    from scratchformer.models.hf_generation import hf_generation_config
+
+    return hf_generation_config(decoding, special, c.max_len)

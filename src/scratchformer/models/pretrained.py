@@ -36,18 +36,15 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
 
 from scratchformer.core.attention import fuse_qkv
 from scratchformer.core.embedding import sinusoidal_table
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
 from scratchformer.models.hf_files import (
-    CLASSIFIER_EXPORT_HEAD,
-    CLASSIFIER_EXPORT_KEY,
     CheckpointError,
     fit_state,
     read_json,
@@ -57,20 +54,19 @@ from scratchformer.models.hf_files import (
 )
 from scratchformer.models.masked_lm import MaskedLanguageModel
 
-if TYPE_CHECKING:
-    from scratchformer.models.classifier import TextClassifier
-
 __all__ = [
     "CheckpointError",
     "bert_config",
+    "bert_encoder_from",
     "bert_export",
     "bert_problems",
     "default_model_dir",
+    "engine_export",
     "load_bert_encoder",
-    "load_classifier_export",
     "map_bert_weights",
     "masked_lm_export",
     "read_json",
+    "refuse_engine_export",
     "require_file",
 ]
 
@@ -250,7 +246,8 @@ def default_model_dir() -> Path | None:
 
 def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
     """Build a :class:`ContextualEncoder` from a Hugging Face BERT, RoBERTa, XLM-R or DistilBERT
-    checkpoint directory.
+    checkpoint directory (a task model's too: ``BertForMaskedLM``'s or ``BertForSequenceClassification``'s
+    encoder is read from its ``bert.`` tensors, the task head left out).
 
     Raises:
         FileNotFoundError: no directory, no ``config.json`` or no ``model.safetensors`` (pickle
@@ -259,10 +256,18 @@ def load_bert_encoder(directory: str | Path) -> ContextualEncoder:
     """
     directory = Path(directory)
     hf_config, hf_state = read_weights(directory)
+    return bert_encoder_from(hf_config, hf_state, directory / "model.safetensors")
+
+
+def bert_encoder_from(
+    hf_config: dict[str, Any], hf_state: dict[str, Tensor], source: Path
+) -> ContextualEncoder:
+    """:func:`load_bert_encoder` on a checkpoint already read: (config.json, its tensors); ``source``
+    names the weights file in errors. A pooler is built when the checkpoint has its weights."""
     model_type = _supported_model_type(hf_config)  # before mapping: the error names the type, not tensors
     state, unexpected = map_bert_weights(hf_state, model_type, _position_offset(hf_config))
     model = ContextualEncoder(bert_config(hf_config, pooler="pooler.weight" in state))
-    fit_state(model, state, unexpected, directory / "model.safetensors")
+    fit_state(model, state, unexpected, source)
     return model.eval()
 
 
@@ -352,29 +357,39 @@ def masked_lm_export(model: MaskedLanguageModel) -> tuple[dict[str, Any], dict[s
     return hf_config | {"architectures": ["BertForMaskedLM"], "tie_word_embeddings": True}, state
 
 
-def load_classifier_export(
-    directory: Path, config: dict[str, Any]
-) -> tuple[TextClassifier, dict[str, Any], list[str]]:
-    """(model, tokenizer settings, labels) of a classifier export (``config``: its config.json):
-    the BERT encoder of model.safetensors, the pooling of ``scratchformer_pooling``, and the class
-    head of ``classifier_head.safetensors``; see ``LoadedClassifier.save_pretrained``."""
-    from scratchformer.models.classifier import ClassifierConfig, TextClassifier
-
-    about = config.get(CLASSIFIER_EXPORT_KEY)
-    if not isinstance(about, dict) or not {"labels", "tokenizer"} <= set(about):
-        raise CheckpointError(
-            f"{directory / 'config.json'}: {CLASSIFIER_EXPORT_KEY} must be an object with labels and "
-            f"tokenizer (as scratchformer export writes it), got {about!r}"
+def engine_export(directory: str | Path) -> str | None:
+    """What a directory holds if it is a model for another engine, which our commands do not run:
+    ONNX files (``*.onnx``: onnxruntime) or a CTranslate2 model (``model.bin`` beside a config.json
+    with no ``model_type`` nor ``kind``); the one-line message saying so and how to run it. None
+    for anything else (our checkpoints, Hugging Face directories, a missing path)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    readme = ", as its README.md shows" if (directory / "README.md").is_file() else ""
+    onnx = sorted(p.name for p in directory.glob("*.onnx"))
+    if onnx:
+        return (
+            f"{directory} is an ONNX export ({', '.join(onnx)}): run it with onnxruntime "
+            f"(onnxruntime.InferenceSession){readme}; scratchformer's commands read scratchformer "
+            "checkpoints and Hugging Face directories"
         )
-    labels = list(about["labels"])
-    encoder = load_bert_encoder(directory)
-    pooling, head_dropout = config.get("scratchformer_pooling", "mean"), about.get("head_dropout", 0.0)
-    model = TextClassifier(ClassifierConfig(encoder.config, len(labels), pooling, head_dropout))
-    model.encoder.load_state_dict(encoder.state_dict())
-    head = require_file(directory / CLASSIFIER_EXPORT_HEAD, "the class head of a classifier export")
-    try:
-        model.head.load_state_dict(load_file(str(head)))
-    except RuntimeError as e:
-        problems = "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())
-        raise CheckpointError(f"{head} does not fit the model of config.json: {problems}") from None
-    return model, about["tokenizer"], labels
+    config = directory / "config.json"
+    if (directory / "model.bin").is_file() and config.is_file():
+        try:
+            found = read_json(config)
+        except CheckpointError:
+            return None
+        if "model_type" not in found and "kind" not in found:
+            return (
+                f"{directory} is a CTranslate2 model (model.bin): run it with CTranslate2 "
+                f"(ctranslate2.Translator or ctranslate2.Encoder){readme}; scratchformer's commands "
+                "read scratchformer checkpoints and Hugging Face directories"
+            )
+    return None
+
+
+def refuse_engine_export(directory: str | Path) -> None:
+    """A ValueError naming an ONNX or CTranslate2 export (see :func:`engine_export`), before any loading."""
+    message = engine_export(directory)
+    if message is not None:
+        raise ValueError(message)

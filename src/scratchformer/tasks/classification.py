@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -29,11 +28,18 @@ from scratchformer.data.tokenization import (
     train_wordpiece,
 )
 from scratchformer.fast import optimize
-from scratchformer.models.classifier import ClassifierConfig, TextClassifier
+from scratchformer.models.classifier import (
+    POOLINGS,
+    ClassifierConfig,
+    TextClassifier,
+    hf_classifier_export,
+    is_classifier_export,
+    load_classifier_export,
+)
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.models.hf_files import CLASSIFIER_EXPORT_HEAD, CLASSIFIER_EXPORT_KEY, write_export
-from scratchformer.models.pooling import POOLING_MODES
-from scratchformer.models.pretrained import bert_export, load_classifier_export
+from scratchformer.models.hf_files import write_export
+from scratchformer.models.onnx_export import export_classifier_onnx
+from scratchformer.models.pretrained import refuse_engine_export
 from scratchformer.tasks.common import TrainingRun, check_batch, check_files, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed, resolve_device
 from scratchformer.training.checkpoint import (
@@ -180,7 +186,9 @@ class ClassifierRecipe(Recipe):
     # head_length and the last max_length - head_length)
     head_length: int = 128  # tokens kept from the start by "head_tail", in (0, max_length)
     batch_size: int = 32  # texts per batch (>= 1)
-    pooling: str = "mean"  # one vector per text: "mean" over the real tokens or "cls" (the first position)
+    pooling: str = "mean"  # one vector per text: "mean" over the real tokens, "cls" (the first position) or
+    # "pooler" (BERT's tanh(W h_[CLS] + b): BertForSequenceClassification's, the one pooling that exports to
+    # Hugging Face; a pretrained encoder without pooler weights gets a new pooler, trained with the head)
     head_dropout: float = 0.1  # dropout on that vector, before the class head, in [0, 1)
     model: dict[str, Any] = field(default_factory=dict)  # EncoderConfig fields (vocab/pad come from the
     # tokenizer); with ``pretrained``, only dropout and attention_dropout (they replace the checkpoint's)
@@ -207,8 +215,8 @@ class ClassifierRecipe(Recipe):
         )
         if self.truncation not in TRUNCATIONS:
             raise ValueError(f"truncation: expected one of {TRUNCATIONS}, got {self.truncation!r}")
-        if self.pooling not in POOLING_MODES:
-            raise ValueError(f"pooling: expected one of {POOLING_MODES}, got {self.pooling!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling: expected one of {POOLINGS}, got {self.pooling!r}")
         names = self.label_names
         if names is not None and (
             not isinstance(names, list)
@@ -427,42 +435,37 @@ class LoadedClassifier:
         predicted = self.probabilities(data.texts, batch_size, precision).argmax(-1).tolist()
         return classification_metrics(data.labels, predicted, self.label_names)
 
-    def save_pretrained(self, directory: str | Path, format: str = "hf") -> Path:
-        """Write the encoder as a Hugging Face BERT directory (config.json, model.safetensors,
-        tokenizer.json) that ``transformers.AutoModel`` and ``AutoTokenizer`` load; the pooling and
-        the class head, which ``BertForSequenceClassification`` cannot express (it classifies
-        tanh(pooler([CLS]))), go to ``classifier_head.safetensors``: config.json names the pooling
-        (``scratchformer_pooling``) and, under ``scratchformer_classifier``, the labels, the head's
-        file and the tokenizer settings. No ``id2label``: a transformers pipeline would show those
-        labels over a randomly initialised head of its own. :func:`load_classifier` (and
-        ``scratchformer classify``) reads the export back."""
+    def save_pretrained(
+        self, directory: str | Path, format: str = "hf", truncation: str | None = None
+    ) -> Path:
+        """Write a Hugging Face ``BertForSequenceClassification`` directory whose labels and probabilities
+        ``AutoModelForSequenceClassification`` and ``pipeline("text-classification", truncation=True)``
+        give, and :func:`load_classifier` reads (config.json's ``scratchformer_classifier`` keeps our
+        tokenizer settings). Pooling "pooler" only (see ``hf_classifier_export``); ``format="onnx"``
+        writes any pooling as ONNX. Truncation "head_tail"
+        has no transformers setting (it cuts one end): refused, unless ``truncation="head"`` exports
+        (and so reads back) the model cutting the head."""
+        if format == "onnx":  # any pooling: model.onnx + tokenizer.json (see export_classifier_onnx)
+            return export_classifier_onnx(self.model, self.tokenizer, directory, self.label_names)
         if format != "hf":
             raise ValueError(
-                f"format: only 'hf' (a Hugging Face BERT directory) is supported, got {format!r}"
+                f"format: expected 'hf' (BertForSequenceClassification) or 'onnx', got {format!r}"
             )
-        hf_config, state = bert_export(self.model.encoder)
-        hf_config["scratchformer_pooling"] = self.model.config.pooling
-        hf_config[CLASSIFIER_EXPORT_KEY] = {
-            "labels": list(self.label_names),
-            "head": CLASSIFIER_EXPORT_HEAD,
-            "head_dropout": self.model.config.head_dropout,
-            "tokenizer": self.tokenizer.settings(),
-        }
-        head = {k: v.detach().float().cpu().contiguous() for k, v in self.model.head.state_dict().items()}
-
-        def files(tmp: Path) -> None:
-            save_file(head, str(tmp / CLASSIFIER_EXPORT_HEAD))
-            save_hf_tokenizer(self.tokenizer.tokenizer, tmp, max_length=self.tokenizer.max_length)
-
-        return write_export(directory, hf_config, state, files)
+        t = self.tokenizer
+        if truncation is not None:  # (checked by TextTokenizer)
+            t = TextTokenizer(t.tokenizer, t.max_length, t.pad_token, truncation, t.head_length)
+        hf_config, state = hf_classifier_export(self.model, self.label_names, t.settings())
+        tokenizer_files = lambda tmp: save_hf_tokenizer(t.tokenizer, tmp, max_length=t.max_length)  # noqa: E731
+        return write_export(directory, hf_config, state, tokenizer_files)
 
 
 def load_classifier(directory: str | Path, device: str = "auto") -> LoadedClassifier:
-    """Load a checkpoint written by :func:`train_classifier` (weights via safetensors), or its
-    Hugging Face export (:meth:`LoadedClassifier.save_pretrained`)."""
+    """Load a checkpoint written by :func:`train_classifier` (weights via safetensors), its Hugging
+    Face export (0.8.0's too), or any ``BertForSequenceClassification`` directory."""
+    refuse_engine_export(directory)
     directory = resolve_checkpoint(directory)
     config = load_config(directory)
-    export = CLASSIFIER_EXPORT_KEY in config
+    export = is_classifier_export(config)
     if export:
         model, settings, labels = load_classifier_export(directory, config)
         model_config = model.config

@@ -359,10 +359,18 @@ def load_masked_lm(directory: str | Path) -> tuple[MaskedLanguageModel, Tokenize
     return model.eval(), tokenizer, config
 
 
-def export_masked_lm(checkpoint: str | Path, directory: str | Path) -> Path:
-    """Write an MLM checkpoint as a Hugging Face BERT directory (``BertForMaskedLM``; ``AutoModel``
-    and our ``load_bert_encoder`` read its encoder): config.json, model.safetensors, tokenizer.json."""
+def export_masked_lm(checkpoint: str | Path, directory: str | Path, format: str = "hf") -> Path:
+    """Write an MLM checkpoint as a Hugging Face BERT directory (``format="hf"``: ``BertForMaskedLM``;
+    ``AutoModel`` and our ``load_bert_encoder`` read its encoder): config.json, model.safetensors,
+    tokenizer.json; or as ONNX (``"onnx"``: model.onnx, input_ids and attention_mask (B, L) -> logits
+    (B, L, V), with tokenizer.json)."""
+    if format not in ("hf", "onnx"):
+        raise ValueError(f"format: expected 'hf' or 'onnx', got {format!r}")
     model, tokenizer, config = load_masked_lm(checkpoint)
+    if format == "onnx":
+        from scratchformer.models.onnx_export import export_masked_lm_onnx
+
+        return export_masked_lm_onnx(model, tokenizer, directory)
     hf_config, state = masked_lm_export(model)
     max_length = int(config.get("max_length", model.config.max_len))
     return write_export(

@@ -15,9 +15,20 @@ from scratchformer.data.tokenization import TextTokenizer
 from scratchformer.fast import optimize
 from scratchformer.models.contextual import ContextualEncoder
 from scratchformer.models.pooling import pool
-from scratchformer.models.pretrained import CheckpointError, load_bert_encoder, read_json, require_file
+from scratchformer.models.pretrained import (
+    CheckpointError,
+    load_bert_encoder,
+    read_json,
+    refuse_engine_export,
+    require_file,
+)
 
-__all__ = ["SentenceEncoder"]
+__all__ = ["SentenceEncoder", "is_sentence_encoder_dir"]
+
+
+def is_sentence_encoder_dir(directory: str | Path) -> bool:
+    """A sentence-transformers directory (it has modules.json)?"""
+    return (Path(directory) / "modules.json").is_file()
 
 
 def _modules(directory: Path) -> dict[str, Path | None]:
@@ -101,6 +112,10 @@ class SentenceEncoder:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: torch.device | str = "cpu") -> SentenceEncoder:
+        """A sentence-transformers directory, or a plain Hugging Face BERT-family one: our exports
+        too (a masked LM's or a classifier's encoder: the ``bert.`` tensors, the task head left out),
+        mean-pooled and not normalised, as sentence-transformers reads such a directory."""
+        refuse_engine_export(directory)  # an ONNX or CTranslate2 export: say how to run it
         modules = _modules(Path(directory))
         folder = modules["Transformer"]
         encoder = load_bert_encoder(folder)
@@ -137,3 +152,13 @@ class SentenceEncoder:
         """Cosine similarity of two texts."""
         u, v = self.encode([a, b])
         return float(torch.nn.functional.cosine_similarity(u, v, dim=0))
+
+    def save_onnx(self, directory: str | Path) -> Path:
+        """Write the encoder with its pooling and normalisation as one ONNX graph (input_ids,
+        attention_mask (B, L) -> sentence_embedding (B, D)) with tokenizer.json, into a new
+        ``directory`` (see :func:`~scratchformer.models.onnx_export.export_sentence_encoder_onnx`)."""
+        from scratchformer.models.onnx_export import export_sentence_encoder_onnx
+
+        return export_sentence_encoder_onnx(
+            self.encoder, self.tokenizer, directory, self.pooling, self.normalize
+        )

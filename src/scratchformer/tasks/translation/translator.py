@@ -9,7 +9,7 @@ translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,8 +21,11 @@ from scratchformer.data.marian_tokenizer import MarianTokenizer
 from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, save_hf_tokenizer
 from scratchformer.fast import optimize
 from scratchformer.generation import GenerationConfig, generate
+from scratchformer.models.ctranslate2_export import write_ctranslate2
 from scratchformer.models.hf_files import write_export
+from scratchformer.models.hf_generation import hf_generation_config, model_card
 from scratchformer.models.marian import is_marian_dir, load_marian, marian_export
+from scratchformer.models.onnx_translator import export_translator_onnx
 from scratchformer.tasks.common import (
     Generated,
     check_batch,
@@ -179,27 +182,83 @@ class Translator:
         hypotheses = self.translate(sources, beam_size, batch_size, config, prefix, seed)
         return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
 
-    def save_pretrained(self, directory: str | Path, format: str = "hf") -> Path:
-        """Write a Hugging Face Marian directory that ``transformers.MarianMTModel`` and ``AutoTokenizer``
-        load: config.json, model.safetensors, generation_config.json (our decoding defaults) and the
-        tokenizer (tokenizer.json, adding EOS as Marian's tokenizer does; a Marian model's own
-        sentencepiece files are copied). Raises ``ValueError`` naming every option of the model that
-        Marian cannot express."""
-        if format != "hf":
-            raise ValueError(
-                f"format: only 'hf' (a Hugging Face Marian directory) is supported, got {format!r}"
+    def with_precision(self, precision: str) -> Translator:
+        """This translator for serving at ``precision``: "fp32" (itself), "bf16" (a copy of the model
+        in bfloat16: half the memory; on the CPU a decoding step's single query still attends in
+        fp32, :class:`~scratchformer.fast.FastMultiHeadAttention`) or "int8" (a copy with every
+        linear map's weights in int8 and its inputs quantized on the fly, CPU only:
+        :func:`~scratchformer.fast.quantized.quantize_int8`). Tokenizer, decoding settings and device
+        are shared; this translator is not changed. Converts from fp32 only."""
+        import copy
+
+        from scratchformer.fast.quantized import model_precision, quantize_int8
+
+        if precision not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"precision: expected 'fp32', 'bf16' or 'int8', got {precision!r}")
+        current = model_precision(self.model)
+        if precision == current:
+            return self
+        if current != "fp32":
+            raise ValueError(f"precision: this translator is {current}; load it again to make it {precision}")
+        model = quantize_int8(self.model) if precision == "int8" else copy.deepcopy(self.model).bfloat16()
+        return Translator(model, self.tokenizer, self.decoding, self.device, self.special_ids)
+
+    def save_pretrained(
+        self, directory: str | Path, format: str = "hf", quantization: str | None = None
+    ) -> Path:
+        """Write the model for serving into a new ``directory``. ``format``:
+
+        - "hf": a Hugging Face directory that ``AutoModelForSeq2SeqLM`` and ``AutoTokenizer`` load,
+          Marian for a post-LN model, Pegasus for a pre-LN one: config.json, model.safetensors,
+          generation_config.json (our decoding defaults; the ``a * S + b`` length rule as the largest
+          limit any source gets, and exactly under keys that :func:`load_translator` reads back), the
+          tokenizer (tokenizer.json, adding EOS as Marian's tokenizer does; a Marian model's own
+          sentencepiece files are copied) and a README.md model card;
+        - "ctranslate2": a ``ctranslate2.Translator`` directory (``quantization``: its weights' type on
+          disk) with the tokenizer and a README.md;
+        - "onnx": encoder.onnx and decoder.onnx (one token a step, with past key/values) with the
+          tokenizer, for onnxruntime (:class:`~scratchformer.models.onnx_translator.OnnxTranslator`).
+
+        Raises ``ValueError`` naming every option of the model the format cannot express, or a
+        decoding option that is wrong."""
+        if format not in ("hf", "ctranslate2", "onnx"):
+            raise ValueError(f"format: expected 'hf', 'ctranslate2' or 'onnx', got {format!r}")
+        if quantization is not None and format != "ctranslate2":
+            raise ValueError(f"quantization applies to format 'ctranslate2' only, not {format!r}")
+        # the decoding checked first: a ValueError names a wrong option
+        hf_generation_config(self.decoding, self.special_ids, self.model.config.max_len)
+        self.generation_config()
+        if format == "onnx":
+            return export_translator_onnx(
+                self.model, self.tokenizer, directory, self.special_ids, self.decoding
+            )
+        tokenizer_files = self._tokenizer_files()
+        if format == "ctranslate2":
+            return write_ctranslate2(
+                self.model,
+                self.tokenizer,
+                self.special_ids,
+                directory,
+                quantization,
+                tokenizer_files=tokenizer_files,
+                decoding=self.decoding,
             )
         hf_config, state, generation = marian_export(self.model, self.special_ids, self.decoding)
-        tokenizer = self.tokenizer
+        card = model_card(self.model.config, generation, Path(directory).name)
 
-        def tokenizer_files(tmp: Path) -> None:
+        def files(tmp: Path) -> None:
             (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-            if isinstance(tokenizer, MarianTokenizer):
-                tokenizer.save(tmp)
-            else:
-                save_hf_tokenizer(tokenizer, tmp, eos=self.eos, max_length=self.model.config.max_len)
+            (tmp / "README.md").write_text(card, encoding="utf-8")
+            tokenizer_files(tmp)
 
-        return write_export(directory, hf_config, state, tokenizer_files)
+        return write_export(directory, hf_config, state, files)
+
+    def _tokenizer_files(self) -> Callable[[Path], None]:
+        """Writes the tokenizer's Hugging Face files into a folder (AutoTokenizer reads them)."""
+        tokenizer, max_len = self.tokenizer, self.model.config.max_len
+        if isinstance(tokenizer, MarianTokenizer):
+            return tokenizer.save
+        return lambda tmp: save_hf_tokenizer(tokenizer, tmp, eos=self.eos, max_length=max_len)
 
 
 def load_translator(directory: str | Path, device: str = "auto") -> Translator:

@@ -1,0 +1,117 @@
+"""The embedding layout of our Marian exports, chosen so that CTranslate2's converter
+(``ct2-transformers-converter``) reads them as it reads opus-mt models, and transformers still
+computes exactly our function; and its inverse, for loading such an export back.
+
+The converter assumes opus-mt's conventions: "<pad>" is the last id (it drops the last row of
+every embedding and of the output projection, and the last vocabulary entry only if it is "<pad>"),
+and the decoder starts from a zero vector (``start_from_zero_embedding``: position 0 gets the
+position encoding alone, whatever the start token). Ours: <pad> is id 0 and the decoder starts
+from <s>, whose embedding is not zero. So the export writes::
+
+    encoder embedding     ours, with one zero row appended (the row the converter drops; no token
+                          has its id, so the tokenizer's V entries are all kept)
+    decoder embedding     ours, with the start token's row zero
+    decoder positions     our table, with sqrt(D) * (the start token's vector) added to row 0: the
+                          decoder's first input, start embedding + position 0, is unchanged for
+                          transformers, and is what CTranslate2's zero start gives
+    output projection     ours, always written out (lm_head): untied from the changed rows
+
+Position 0 of the decoder only ever holds the start token, so nothing else changes; transformers
+reads ``embed_positions`` from the file. An opus-mt model (pad last, a zero start row) needs neither
+change and is written as it came. ``config.json`` records what was changed under
+:data:`LAYOUT_KEY`, which :func:`undo_ctranslate2_layout` reverses.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from scratchformer.core.embedding import sinusoidal_table
+from scratchformer.core.transformer import TransformerConfig
+from scratchformer.models.hf_files import CheckpointError
+
+__all__ = ["LAYOUT_KEY", "ctranslate2_layout", "undo_ctranslate2_layout"]
+
+LAYOUT_KEY = "scratchformer_marian_layout"
+_ENCODER, _DECODER = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
+_DECODER_POSITIONS = "model.decoder.embed_positions.weight"
+
+
+def ctranslate2_layout(
+    state: dict[str, Tensor], c: TransformerConfig, special: dict[str, int]
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Marian's embedding, position and output tensors from our ``state`` (our names, coordinates
+    already in Marian's order), and the config.json entries that go with them."""
+    source, target, output = (state[k] for k in ("src_embed.weight", "tgt_embed.weight", "generator.weight"))
+    start = special["bos"]
+    appended = 0 if special["pad"] == c.src_vocab_size - 1 else 1  # opus-mt: <pad> is last already
+    folded = bool(target[start].any())
+    if appended:
+        source = torch.cat([source, source.new_zeros(appended, c.d_model)])
+    tensors: dict[str, Tensor] = {}
+    if folded:
+        scale = math.sqrt(c.d_model) if c.scale_embedding else 1.0
+        positions = sinusoidal_table(c.max_len, c.d_model, layout="halves")
+        positions[0] += scale * target[start]
+        target = target.clone()
+        target[start] = 0.0
+        tensors[_DECODER_POSITIONS] = positions
+    share = c.share_embeddings and not (appended or folded)
+    tie = c.tie_output and not folded
+    tensors.update({_ENCODER: source, _DECODER: target})
+    if share:
+        tensors["model.shared.weight"] = source
+    if not tie:
+        tensors["lm_head.weight"] = output
+    entries: dict[str, Any] = {
+        "vocab_size": c.src_vocab_size + appended,
+        "share_encoder_decoder_embeddings": share,
+        "tie_word_embeddings": tie,
+    }
+    if appended or folded:
+        entries[LAYOUT_KEY] = {
+            "appended_source_rows": appended,
+            "decoder_start_folded": folded,
+            "share_embeddings": c.share_embeddings,
+            "tie_output": c.tie_output,
+        }
+    return tensors, entries
+
+
+def undo_ctranslate2_layout(
+    hf_config: dict[str, Any], hf_state: dict[str, Tensor]
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """(config.json, tensors) of an export as our model had them before :func:`ctranslate2_layout`:
+    the appended rows dropped, the start token's row restored (from the output projection or the
+    source embedding it was tied or shared with, else from position 0), sharing and tying as they
+    were. Anything else is returned as it is."""
+    layout = hf_config.get(LAYOUT_KEY)
+    if layout is None:
+        return hf_config, hf_state
+    try:
+        appended, folded = int(layout["appended_source_rows"]), bool(layout["decoder_start_folded"])
+        share, tie = bool(layout["share_embeddings"]), bool(layout["tie_output"])
+        source, target = hf_state[_ENCODER], hf_state[_DECODER].clone()
+        start = hf_config["decoder_start_token_id"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json: {LAYOUT_KEY} {layout!r} is incomplete ({e!r})") from e
+    state = dict(hf_state)
+    state[_ENCODER] = source = source[: source.shape[0] - appended]
+    if folded:
+        if tie and "lm_head.weight" in state:
+            target[start] = state["lm_head.weight"][start]
+        elif share and source.shape == target.shape:
+            target[start] = source[start]
+        else:
+            row = state[_DECODER_POSITIONS][0]
+            formula = sinusoidal_table(1, row.shape[0], layout="halves")[0]  # 0 ... 0, 1 ... 1: exact
+            scale = math.sqrt(hf_config["d_model"]) if hf_config.get("scale_embedding") else 1.0
+            target[start] = (row - formula) / scale
+    state[_DECODER] = target
+    config = {k: v for k, v in hf_config.items() if k != LAYOUT_KEY}
+    config.update(vocab_size=source.shape[0], share_encoder_decoder_embeddings=share, tie_word_embeddings=tie)
+    return config, state

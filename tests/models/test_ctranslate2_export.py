@@ -1,0 +1,370 @@
+"""Our translators as CTranslate2 models (models/ctranslate2_export.py), run by the engine itself
+against our Translator: two tiny models trained here (pre-LN with final LayerNorms, post-LN; the
+paper's interleaved positions) translate toy sentences of many lengths identically, greedy and beam,
+and score every token as ours does in every configuration; int8 mostly agrees. Our Hugging Face
+(Marian) export goes through CTranslate2's own converter and translates identically too. Each
+check is shown to fail when the export is wrong."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+transformers = pytest.importorskip("transformers")
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+from tasks.test_translation import LEXICON  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from scratchformer.core.transformer import Transformer, TransformerConfig  # noqa: E402
+from scratchformer.data.tokenization import save_hf_tokenizer, train_bpe  # noqa: E402
+from scratchformer.models import ctranslate2_export  # noqa: E402
+from scratchformer.models.ctranslate2_export import (  # noqa: E402
+    ctranslate2_options,
+    translate_like_ours,
+    write_ctranslate2,
+)
+from scratchformer.tasks.common import pad_ids  # noqa: E402
+from scratchformer.tasks.translation import Translator  # noqa: E402
+
+DECODING = {"beam_size": 3, "length_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 5}
+CPU = torch.device("cpu")
+
+
+def toy_pairs(n: int, seed: int, longest: int) -> tuple[list[str], list[str]]:
+    """Toy German of 1 to ``longest`` words in any order, and its word-by-word English."""
+    rng = random.Random(seed)
+    source, target = [], []
+    for _ in range(n):
+        words, end = [rng.choice(list(LEXICON)) for _ in range(rng.randint(1, longest))], rng.choice(".!")
+        source.append(" ".join(words).capitalize() + end)
+        target.append(" ".join(LEXICON[w] for w in words).capitalize() + end)
+    return source, target
+
+
+TEXTS, REFERENCES = toy_pairs(100, 5, longest=10)  # longer than any the models learn from: some go wrong
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny models train and decode fastest on one thread (and a busy machine does not stall them)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_translator(
+    tokenizer: Tokenizer, pairs: tuple[list[str], list[str]], norm_first: bool
+) -> Translator:
+    """A 2 + 2 layer model (D = 32, shared and tied embeddings) trained briefly: about half of
+    TEXTS come out right, nearly all end with EOS, all differ."""
+    vocab = tokenizer.get_vocab_size()
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        vocab,
+        vocab,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout=0.0,
+        norm_first=norm_first,
+        share_embeddings=True,
+        tie_output=True,
+        max_len=64,
+    )
+    model = Transformer(config)
+    sources = [e.ids + [2] for e in tokenizer.encode_batch(pairs[0], add_special_tokens=False)]
+    targets = [[1, *e.ids, 2] for e in tokenizer.encode_batch(pairs[1], add_special_tokens=False)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    rng = random.Random(0)
+    for _ in range(150):
+        index = rng.sample(range(len(sources)), 32)
+        s, t = (pad_ids([ids[i] for i in index], CPU, 0) for ids in (sources, targets))
+        loss = torch.nn.functional.cross_entropy(
+            model(s, t[:, :-1]).reshape(-1, vocab), t[:, 1:].reshape(-1), ignore_index=0
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return Translator(model.eval(), tokenizer, DECODING, CPU)
+
+
+@pytest.fixture(scope="module")
+def trained() -> Iterator[dict[str, Translator]]:
+    pairs = toy_pairs(1000, 0, longest=8)
+    tokenizer = train_bpe(pairs[0] + pairs[1], 400)
+    tokenizer.encode_special_tokens = True
+    with one_thread():
+        yield {
+            "pre": train_translator(tokenizer, pairs, True),
+            "post": train_translator(tokenizer, pairs, False),
+        }
+
+
+def export(translator: Translator, directory: Path, **options: Any) -> Path:
+    eos, max_len = translator.eos, translator.model.config.max_len
+    return write_ctranslate2(
+        translator.model,
+        translator.tokenizer,
+        translator.special_ids,
+        directory,
+        tokenizer_files=lambda d: save_hf_tokenizer(translator.tokenizer, d, max_len, eos=eos),
+        decoding=translator.decoding,
+        **options,
+    )
+
+
+def engine(directory: Path, compute_type: str = "float32") -> Any:
+    return ctranslate2.Translator(str(directory), device="cpu", compute_type=compute_type, intra_threads=1)
+
+
+def ct2_translate(directory: Path, translator: Translator, beams: int, **options: Any) -> list[str]:
+    """The README's recipe: AutoTokenizer, translate_batch in our batches and limits, decode."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    sources = [tokenizer.convert_ids_to_tokens(tokenizer.encode(t)) for t in TEXTS]
+    best = translate_like_ours(
+        engine(directory, **options), sources, translator.decoding, translator.model.config.max_len, beams
+    )
+    return [tokenizer.decode(tokenizer.convert_tokens_to_ids(h), skip_special_tokens=True) for h in best]
+
+
+def identical(ours: list[str], theirs: list[str], what: str) -> float:
+    """The fraction of identical lines, printed with the first differing ones."""
+    differ = [(t, o, c) for t, o, c in zip(TEXTS, ours, theirs) if o != c]
+    print(f"{what}: {len(ours) - len(differ)} of {len(ours)} lines identical")
+    for text, mine, engines in differ[:5]:
+        print(f"  {text!r}\n    ours: {mine!r}\n    ct2:  {engines!r}")
+    return 1 - len(differ) / len(ours)
+
+
+def max_score_difference(translator: Translator, directory: Path) -> float:
+    """Per-token log-probabilities of our greedy translations, ours against CTranslate2's score_batch
+    (which adds the decoder start and </s> itself)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    config = translator.generation_config(1, max_new_tokens=12)
+    targets = [h[0].tokens for h in translator.generate(TEXTS[:16], config)]  # (EOS left out)
+    sources = translator.encode_sources(TEXTS[:16])
+    with torch.no_grad():
+        tgt = pad_ids([[translator.bos, *t] for t in targets], CPU, 0)
+        log_probs = torch.log_softmax(translator.model(pad_ids(sources, CPU, 0), tgt), dim=-1)
+    scored = engine(directory).score_batch(
+        [tokenizer.convert_ids_to_tokens(s) for s in sources],
+        [tokenizer.convert_ids_to_tokens(t) for t in targets],
+    )
+    worst = 0.0
+    for row, (target, result) in enumerate(zip(targets, scored)):
+        mine = log_probs[row, torch.arange(len(target) + 1), torch.tensor([*target, translator.eos])]
+        assert len(result.log_probs) == len(target) + 1
+        worst = max(worst, float((mine - torch.tensor(result.log_probs)).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize("layout", ["pre", "post"])
+def test_ctranslate2_translates_as_ours(trained, layout, tmp_path: Path) -> None:
+    translator = trained[layout]
+    directory = export(translator, tmp_path / "ct2")
+    assert {p.name for p in directory.iterdir()} >= {
+        "model.bin",
+        "config.json",
+        "tokenizer.json",
+        "README.md",
+    }
+    assert "max_decoding_length=min(int(1.5 * len(src) + 5), 63) - 1" in (directory / "README.md").read_text()
+    with one_thread():
+        assert max_score_difference(translator, directory) < 1e-4
+        for beams in (1, 3):
+            ours = translator.translate(TEXTS, beam_size=beams)
+            theirs = ct2_translate(directory, translator, beams)
+            assert identical(ours, theirs, f"{layout}, beam {beams}") >= 0.99
+            assert len(set(ours)) >= 50 and sum(o[-1:] in ".!" for o in ours) >= 80, ours  # ended by EOS
+    print(f"{layout}: e.g. {TEXTS[0]!r} -> {ours[0]!r}")
+
+
+def test_int8_runs_and_mostly_agrees(trained, tmp_path: Path) -> None:
+    translator = trained["pre"]
+    before = {k: v.clone() for k, v in translator.model.state_dict().items()}
+    with one_thread():
+        ours = translator.translate(TEXTS, beam_size=1)
+        on_load = ct2_translate(export(translator, tmp_path / "fp32"), translator, 1, compute_type="int8")
+        on_disk = ct2_translate(export(translator, tmp_path / "int8", quantization="int8"), translator, 1)
+    after = translator.model.state_dict()  # (CTranslate2 quantizes its arrays in place: copies of ours)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    agree = [identical(ours, theirs, "int8") for theirs in (on_load, on_disk)]
+    print(f"int8 greedy: identical {agree[0]:.2f} (quantized on loading), {agree[1]:.2f} (on disk)")
+    assert min(agree) >= 0.7
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < (
+        tmp_path / "fp32" / "model.bin"
+    ).stat().st_size / 2
+
+
+CONFIGURATIONS = {
+    "post-LN, final norms": dict(norm_first=False, final_norm=True),
+    "pre-LN, no final norms": dict(norm_first=True, final_norm=False),
+    "learned positions, gelu, no biases": dict(positional="learned", activation="gelu", bias=False),
+    "separate, untied, unscaled, silu": dict(
+        share_embeddings=False,
+        tie_output=False,
+        output_bias=True,
+        scale_embedding=False,
+        activation="silu",
+        sinusoidal_layout="halves",
+        layer_norm_eps=1e-6,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGURATIONS))
+def test_every_configuration_scores_as_ours(trained, name, tmp_path: Path) -> None:
+    tokenizer = trained["pre"].tokenizer
+    vocab = tokenizer.get_vocab_size()
+    config = TransformerConfig(
+        vocab, vocab, d_model=32, num_heads=4, d_ff=48, num_encoder_layers=2, num_decoder_layers=1,
+        dropout=0.0, **CONFIGURATIONS[name],
+    )  # fmt: skip
+    torch.manual_seed(1)
+    model = Transformer(config).eval()
+    with torch.no_grad():  # noise on LayerNorms and biases (initialised to 1 and 0, a wrong map would hide)
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    translator = Translator(model, tokenizer, DECODING, CPU)
+    with one_thread():
+        assert max_score_difference(translator, export(translator, tmp_path / "ct2")) < 1e-4
+
+
+def test_the_comparisons_fail_when_the_export_is_wrong(trained, tmp_path: Path, monkeypatch) -> None:
+    translator = trained["pre"]
+    wrong = copy.deepcopy(translator.model)
+    with torch.no_grad():
+        wrong.decoder.layers[1].norm3.weight[5] += 0.5  # one weight of one LayerNorm
+    mutated = Translator(wrong, translator.tokenizer, DECODING, CPU)
+    with one_thread():
+        assert max_score_difference(translator, export(mutated, tmp_path / "weight")) > 1e-3
+        # CTranslate2's own sinusoids instead of our table: all sines first, from position 1
+        monkeypatch.setattr(ctranslate2_export, "_positions", lambda positions: "__optional")
+        directory = export(translator, tmp_path / "positions")
+        assert max_score_difference(translator, directory) > 1e-1
+        ours = translator.translate(TEXTS, beam_size=1)
+        assert identical(ours, ct2_translate(directory, translator, 1), "no position table") < 0.9
+
+
+def test_options_and_refusals(trained, tmp_path: Path) -> None:
+    options = ctranslate2_options(DECODING, 7, max_len=64)
+    assert options["max_decoding_length"] == int(1.5 * 7 + 5) - 1 and options["return_end_token"]
+    assert ctranslate2_options(DECODING, 60, max_len=64)["max_decoding_length"] == 62  # within max_len - 1
+    assert ctranslate2_options(DECODING, 7, never=["<pad>"])["suppress_sequences"] == [["<pad>"]]
+    with pytest.raises(ValueError, match=r"\['no_repeat_ngram_size', 'repetition_penalty'\] have no exact"):
+        ctranslate2_options({**DECODING, "repetition_penalty": 1.2, "no_repeat_ngram_size": 3}, 7)
+    translator = trained["pre"]
+    vocab = translator.tokenizer.get_vocab_size()
+    no_encoder = Transformer(
+        TransformerConfig(vocab, vocab, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=0)
+    )
+    bad = Translator(no_encoder, translator.tokenizer, DECODING, CPU, {"pad": 0, "bos": vocab, "eos": 2})
+    with pytest.raises(
+        ValueError, match=r"num_encoder_layers=0 \(CTranslate2.*; special ids .*bos, eos and pad"
+    ):
+        export(bad, tmp_path / "x")
+    small = Transformer(TransformerConfig(vocab - 1, vocab - 1, d_model=16, num_heads=2, d_ff=32))
+    with pytest.raises(ValueError, match="does not belong to this model"):
+        export(Translator(small, translator.tokenizer, DECODING, CPU), tmp_path / "x")
+    with pytest.raises(ValueError, match="quantization: expected one of"):
+        export(translator, tmp_path / "x", quantization="int4")
+    with pytest.raises(ValueError, match="tokenizer_files"):
+        write_ctranslate2(translator.model, translator.tokenizer, translator.special_ids, tmp_path / "x")
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.tmp-*"))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "file").write_text("")
+    with pytest.raises(FileExistsError, match="not empty"):
+        export(translator, tmp_path / "full")
+
+
+def test_marian_export_converts_with_ctranslate2s_converter(trained, tmp_path: Path) -> None:
+    """``ct2-transformers-converter --model EXPORT``: the converter's opus-mt assumptions (<pad> last,
+    a zero decoder start) met by the export's layout, so it translates and scores as ours."""
+    from ctranslate2.converters import TransformersConverter
+
+    translator = trained["post"]  # Marian is post-LN
+    hf = translator.save_pretrained(tmp_path / "hf")
+    with one_thread():
+        TransformersConverter(str(hf)).convert(str(tmp_path / "ct2"))
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ):  # the converter writes the engine's files only
+            (tmp_path / "ct2" / name).write_bytes((hf / name).read_bytes())
+        assert max_score_difference(translator, tmp_path / "ct2") < 1e-4
+        for beams in (1, 3):
+            ours = translator.translate(TEXTS, beam_size=beams)
+            theirs = ct2_translate(tmp_path / "ct2", translator, beams)
+            assert identical(ours, theirs, f"converted, beam {beams}") >= 0.99
+        # without the start token folded into position 0, CTranslate2's zero start is wrong
+        state = load_file(hf / "model.safetensors")
+        del state["model.decoder.embed_positions.weight"]  # transformers computes the plain table
+        save_file(state, str(hf / "model.safetensors"), metadata={"format": "pt"})
+        TransformersConverter(str(hf)).convert(str(tmp_path / "unfolded"))
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (tmp_path / "unfolded" / name).write_bytes((hf / name).read_bytes())
+        assert max_score_difference(translator, tmp_path / "unfolded") > 1e-2
+
+
+def test_the_parity_script_reports(trained) -> None:
+    """scripts/ct2_parity.py's report, on the toy sentences (its main reads a checkpoint and Multi30k)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "ct2_parity.py"
+    spec = importlib.util.spec_from_file_location("ct2_parity", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with one_thread():
+        report = script.parity(trained["post"], TEXTS[:40], REFERENCES[:40], show=2)
+    assert report["identical"]["float32_greedy"] == 1.0 and report["identical"]["float32_beam"] >= 0.97
+    assert report["differing"]["float32_greedy"] == [] and len(report["differing"]["int8_beam"]) <= 2
+    assert set(report["bleu"]) == {
+        f"{w}_{s}" for w in ("ours", "ct2_float32", "ct2_int8") for s in ("greedy", "beam")
+    }
+    assert report["bleu"]["ours_greedy"] == report["bleu"]["ct2_float32_greedy"] > 10
+
+
+@pytest.mark.parametrize("share, tie", [(True, True), (True, False), (False, True), (False, False)])
+def test_the_marian_layout_loads_back_as_it_was(trained, share, tie, tmp_path: Path) -> None:
+    """The export's extra source row and its folded start token are undone on loading: the same
+    sharing, sizes and function (marian_layout.undo_ctranslate2_layout)."""
+    from scratchformer.models.marian_layout import LAYOUT_KEY
+    from scratchformer.tasks.translation import load_translator
+
+    tokenizer = trained["post"].tokenizer
+    vocab = tokenizer.get_vocab_size()
+    sizes = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0)
+    config = TransformerConfig(vocab, vocab, **sizes, share_embeddings=share, tie_output=tie)
+    torch.manual_seed(2)
+    translator = Translator(Transformer(config).eval(), tokenizer, DECODING, CPU)
+    directory = translator.save_pretrained(tmp_path / "hf")
+    written = json.loads((directory / "config.json").read_text())
+    assert written["vocab_size"] == vocab + 1 and written["decoder_vocab_size"] == vocab
+    assert written[LAYOUT_KEY] == {
+        "appended_source_rows": 1,
+        "decoder_start_folded": True,
+        "share_embeddings": share,
+        "tie_output": tie,
+    }
+    back = load_translator(directory, device="cpu")
+    assert (back.model.config.share_embeddings, back.model.config.tie_output) == (share, tie)
+    assert back.model.config.src_vocab_size == vocab
+    src, tgt = pad_ids(translator.encode_sources(TEXTS[:6]), CPU, 0), pad_ids([[1, 40, 41, 42]] * 6, CPU, 0)
+    with torch.no_grad():
+        assert float((translator.model(src, tgt) - back.model(src, tgt)).abs().max()) < 1e-5

@@ -1,0 +1,57 @@
+"""The serving benchmark runs end to end at toy scale: every engine translates the same lines, the
+table and JSON name the machine, and the engines agree with ours where they must (CTranslate2 and
+transformers in fp32 decode as we do)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("ctranslate2")
+pytest.importorskip("onnxruntime")
+
+from tasks.test_translation import tiny_recipe, toy_pairs, write  # noqa: E402
+
+from benchmarks.serving import main  # noqa: E402
+from scratchformer.tasks.translation import train_translation  # noqa: E402
+
+
+def test_serving_benchmark_at_toy_scale(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, max_steps=40, eval_every=40)
+    recipe.model["final_norm"], recipe.average_last = True, 0
+    checkpoint = tmp_path / "run" / train_translation(recipe)["test_checkpoint"]
+    data = tmp_path / "data" / "multi30k"
+    data.mkdir(parents=True)
+    sources, targets = toy_pairs(12, seed=5)
+    write(data / "test_2016_flickr.de.gz", sources)
+    write(data / "test_2016_flickr.en.gz", targets)
+    out = tmp_path / "results"
+    argv = ["--checkpoint", str(checkpoint), "--data", str(tmp_path / "data"), "--sentences", "12"]
+    threads = torch.get_num_threads()
+    try:
+        assert main([*argv, "--batch1", "3", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # (main sets it for the process; later tests use the default)
+    result = json.loads((out / "serving-cpu.json").read_text())
+    rows = {r["system"]: r for r in result["rows"]}
+    assert set(rows) == {
+        "scratchformer fp32",
+        "scratchformer bf16",
+        "scratchformer int8",
+        "transformers generate fp32",
+        "CTranslate2 fp32",
+        "CTranslate2 int8",
+    }
+    assert all(
+        r["batch32_sentences_s"] > 0 and r["batch1_p95_ms"] >= r["batch1_p50_ms"] > 0 for r in rows.values()
+    )
+    assert rows["CTranslate2 fp32"]["identical_to_ours"] >= 11 / 12  # beam: CTranslate2's own stopping rule
+    assert rows["scratchformer fp32"]["identical_to_ours"] == 1.0
+    assert [c["shape"] for c in result["classifier"]] == ["B32xT256", "B1xT64"]
+    table = (out / "serving-cpu.md").read_text()
+    assert "Machine: " in table and "| CTranslate2 int8 |" in table and "ONNX Runtime" in table
+    shutil.rmtree(out)
