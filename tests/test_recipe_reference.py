@@ -120,7 +120,14 @@ def test_every_recipe_key_is_documented(path: Path) -> None:
 
 
 def test_the_decoding_keys_are_the_documented_ones() -> None:
-    assert DECODING_KEYS == {"beam_size": int, "length_penalty": float, "max_len_a": float, "max_len_b": int}
+    assert DECODING_KEYS == {
+        "beam_size": int,
+        "length_penalty": float,
+        "max_len_a": float,
+        "max_len_b": int,
+        "no_repeat_ngram_size": int,
+        "min_new_tokens": int,
+    }
     assert [row.name for row in rr.field_docs(DecodingOptions)] == list(DECODING_KEYS)
 
 

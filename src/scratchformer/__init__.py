@@ -43,7 +43,7 @@ from scratchformer.models.pooling import masked_mean, pool
 from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 __all__ = [
     "CaptioningConfig",

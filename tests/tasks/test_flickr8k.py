@@ -106,10 +106,29 @@ def test_encoder_features_are_deterministic_and_the_same_in_a_batch_as_alone(
 
 
 @needs_flickr
-def test_the_pretrained_weights_are_real_a_dog_photo_is_a_dog(encoder: ImageEncoder) -> None:
-    """ImageNet classes 151-268 are the dog breeds: random weights would not land there."""
-    logits = encoder.classify(load_photo(FLICKR / "Images" / DOG)[None])
+@pytest.mark.parametrize("name", ["efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2"])
+def test_the_pretrained_weights_are_real_a_dog_photo_is_a_dog(name: str) -> None:
+    """ImageNet classes 151-268 are the dog breeds: random weights would not land there. Each
+    encoder reads the photo at its native resolution and gives its own grid."""
+    encoder = ImageEncoder(name)
+    photo = load_photo(FLICKR / "Images" / DOG, encoder.image_size)[None]
+    logits = encoder.classify(photo)
     assert 151 <= int(logits.argmax()) <= 268, logits.topk(5)
+    assert encoder(photo)[0].shape == (1, encoder.grid**2, 1280)
+    assert ImageEncoder.describe(name)["encoder"] == name
+    with pytest.raises(ValueError, match=rf"expected \(B, 3, {encoder.image_size}, {encoder.image_size}\)"):
+        encoder(load_photo(FLICKR / "Images" / DOG, 200)[None])
+
+
+def test_an_unknown_image_encoder_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="image encoder: expected one of efficientnet-lite0, .*got 'vgg16'"):
+        ImageEncoder("vgg16")
+    with pytest.raises(ValueError, match="image encoder: expected one of"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", image_encoder="vgg16").validate()
+    with pytest.raises(ValueError, match=r"num_regions=49: efficientnet-lite2 gives 9x9 = 81 regions"):
+        CaptioningRecipe(
+            data="flickr8k", flickr8k_dir="x", image_encoder="efficientnet-lite2", model={"num_regions": 49}
+        ).validate()
 
 
 def test_feature_files_are_resumable_and_never_mix_encoders(tmp_path: Path) -> None:
@@ -454,6 +473,56 @@ def test_self_critical_loss_reaches_every_decoder_weight() -> None:
         SelfCriticalTask(vocab, train, train, model.config, 3, 0.0, {}, samples=1)
 
 
+@pytest.mark.parametrize("baseline", ["mean", "greedy"])
+def test_self_critical_loss_is_the_papers_policy_gradient(baseline: str) -> None:
+    """-(r(w^s) - b) log p(w^s) per token, with b the other samples' mean reward or the greedy
+    caption's (Rennie et al. 2017), recomputed here from the same samples; without dropout the
+    log-probabilities are the sampling policy's, so the loss is the same twice."""
+    from scratchformer import greedy_decode
+    from scratchformer.data.captions import Vocabulary
+
+    vocab = Vocabulary.build(["a dog runs", "a cat sits", "two birds fly"])
+    train = CaptionExamples(torch.randn(3, 4, 8), [["a dog runs"], ["a cat sits"], ["two birds fly"]])
+    torch.manual_seed(0)
+    model = features_model(vocab_size=len(vocab), dropout=0.5)
+    task = SelfCriticalTask(
+        vocab, train, train, model.config, 3, 0.0, {}, samples=3, baseline=baseline, dropout=False
+    )
+    batch = [(0, (0,)), (1, (0,)), (2, (0,))]
+    torch.manual_seed(1)
+    loss, _ = task.loss(model, batch, torch.device("cpu"))
+    logged = task.train_metrics()  # what the trainer logs: this batch's mean reward and baseline
+    assert task.train_metrics() == {}
+    torch.manual_seed(1)
+    assert task.loss(model, batch, torch.device("cpu"))[0].item() == pytest.approx(loss.item(), abs=1e-6)
+
+    model.eval()
+    limits = {"bos_id": 1, "eos_id": 2, "max_len_a": 0, "max_len_b": model.config.max_len - 1}
+    torch.manual_seed(1)
+    samples = sample_decode(model, train.inputs, num_samples=3, **limits)
+    cider = CiderD(train.references)
+    reward = [[cider.score(vocab.decode(samples[3 * i + j].tolist()), i) for j in range(3)] for i in range(3)]
+    if baseline == "greedy":
+        greedy = greedy_decode(model, train.inputs, **limits)
+        base = [[cider.score(vocab.decode(greedy[i].tolist()), i)] * 3 for i in range(3)]
+    else:
+        base = [[(sum(r) - r[j]) / 2 for j in range(3)] for r in reward]
+    tgt_in = torch.cat([torch.full_like(samples[:, :1], 1), samples[:, :-1]], dim=1)
+    log_p = model(train.inputs, tgt_in, 3).log_softmax(-1).gather(-1, samples[..., None])[..., 0]
+    real = samples != 0
+    advantage = torch.tensor([r - b for rs, bs in zip(reward, base) for r, b in zip(rs, bs)])
+    expected = -(advantage[:, None] * log_p * real).sum() / real.sum()
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
+    assert logged["reward"] == pytest.approx(sum(map(sum, reward)) / 9)
+    assert logged["baseline"] == pytest.approx(sum(map(sum, base)) / 9)
+    assert model.training is False  # the test's own eval(); the task leaves the model training
+    task.dropout = True  # the same samples (same seed), scored through dropout: another loss
+    model.train()
+    torch.manual_seed(1)
+    assert task.loss(model, batch, torch.device("cpu"))[0].item() != pytest.approx(loss.item(), abs=1e-6)
+    assert model.training
+
+
 # ---------------------------------------------------------------- recipe, training, CLI
 
 
@@ -605,6 +674,75 @@ def test_photo_recipe_scst_and_the_cli_end_to_end(tmp_path: Path, capsys) -> Non
         )
 
 
+def test_caption_and_evaluate_take_an_ensemble_of_checkpoints(tmp_path: Path, capsys) -> None:
+    """``--checkpoint A --checkpoint B``: one checkpoint twice is that checkpoint (captions, scores
+    and log-probabilities), two are their ensemble; what cannot ensemble is refused by name."""
+    from scratchformer.tasks.captioning.ensemble import EnsembleCaptioner, load_ensemble
+
+    root = write_flickr_folder(tmp_path / "f8")
+    runs, grid = [], {"beam_size": [1, 2], "no_repeat_ngram_size": [0, 2]}
+    for seed in (0, 1):
+        train = TrainConfig(out_dir=str(tmp_path / f"run{seed}"), max_steps=8, eval_every=8, progress=False)
+        train.seed, train.device, train.lr = seed, "cpu", 3e-3
+        report = train_captioner(
+            photo_recipe(tmp_path, root, train=train, decoding_grid=grid if seed else {})
+        )
+        runs.append(str(tmp_path / f"run{seed}" / "best"))
+    # seed 1 chose its decoding on the validation split: the highest CIDEr-D of the four, now its own
+    trials = report["decoding_search"]
+    assert len(trials) == 4 and {(t["beam_size"], t["no_repeat_ngram_size"]) for t in trials} == {
+        (1, 0),
+        (1, 2),
+        (2, 0),
+        (2, 2),
+    }
+    best = max(trials, key=lambda t: t["cider"])
+    assert report["decoding"]["beam_size"] == best["beam_size"] and best["cider"] == max(
+        t["cider"] for t in trials
+    )
+    assert json.loads((Path(runs[1]) / "config.json").read_text())["decoding"] == report["decoding"]
+    photo = str(write_photo(tmp_path / "photo.png", (300, 200), 5))
+
+    def caption(*checkpoints: str) -> dict:
+        capsys.readouterr()
+        flags = [x for c in checkpoints for x in ("--checkpoint", c)]
+        assert main(["caption", *flags, photo, "--json", "--nbest", "2"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    def evaluate(*checkpoints: str) -> dict:
+        capsys.readouterr()
+        flags = [x for c in checkpoints for x in ("--checkpoint", c)]
+        assert main(["evaluate", *flags, "--flickr8k", str(root), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    one, twice, both = caption(runs[0]), caption(runs[0], runs[0]), caption(*runs)
+    assert [n["text"] for n in twice["nbest"]] == [n["text"] for n in one["nbest"]]
+    assert [n["score"] for n in twice["nbest"]] == pytest.approx([n["score"] for n in one["nbest"]], abs=1e-5)
+    assert both["generated_text"] and both["nbest"] != one["nbest"]
+    assert evaluate(runs[0], runs[0]) == pytest.approx(evaluate(runs[0]))
+    assert evaluate(*runs)["n"] == 1
+
+    # the Python API: an ensemble's captions are the members' mean log-probabilities
+    a, b = load_ensemble(runs[:1]), load_ensemble(runs[1:])
+    ensemble = load_ensemble(runs)
+    assert isinstance(ensemble, EnsembleCaptioner) and ensemble.shared_input
+    features, _ = ensemble.photo_features([photo])
+    words = torch.tensor([[1, 4]])
+    mean = (a.model(features, words).log_softmax(-1) + b.model(features, words).log_softmax(-1)) / 2
+    torch.testing.assert_close(ensemble.model(features, words), mean)
+
+    capsys.readouterr()
+    att = str(tmp_path / "att.png")
+    assert (
+        main(["caption", "--checkpoint", runs[0], "--checkpoint", runs[1], photo, "--attention-png", att])
+        == 2
+    )
+    assert "--attention-png draws one model's attention" in capsys.readouterr().err
+    b.vocab.words.append("zebra")  # another vocabulary
+    with pytest.raises(ValueError, match="ensemble member 2 has another caption vocabulary"):
+        EnsembleCaptioner([a, b])
+
+
 def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="data 'flickr8k' needs flickr8k_dir"):
         CaptioningRecipe(data="flickr8k").validate()
@@ -612,6 +750,14 @@ def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
         CaptioningRecipe(data="flickr8k", flickr8k_dir="x", memory="grid").validate()
     with pytest.raises(ValueError, match="scst: expected"):
         CaptioningRecipe(data="flickr8k", flickr8k_dir="x", scst={"steps": 0}).validate()
+    with pytest.raises(ValueError, match=r"decoding: unknown keys \['max_len_a'\]"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", decoding_grid={"max_len_a": [1.0]}).validate()
+    with pytest.raises(ValueError, match="decoding_grid.beam_size: expected a non-empty list"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", decoding_grid={"beam_size": 3}).validate()
+    with pytest.raises(ValueError, match="scst.baseline: expected 'mean' or 'greedy'"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", scst={"steps": 1, "baseline": "max"}).validate()
+    with pytest.raises(ValueError, match="scst.dropout: expected true or false"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", scst={"steps": 1, "dropout": "no"}).validate()
     with pytest.raises(ValueError, match="captions_per_image"):
         CaptioningRecipe(data="flickr8k", flickr8k_dir="x", captions_per_image=0).validate()
     with pytest.raises(ValueError, match="model.num_regions: the pooled memory is one vector"):

@@ -21,8 +21,9 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument(
         "--checkpoint",
         required=True,
+        action="append",
         help="our checkpoint, or its Hugging Face export (Marian; BertForSequenceClassification, "
-        "any such directory too)",
+        "any such directory too); captioning: repeat it to evaluate an ensemble (mean log-probabilities)",
     )
     evaluate.add_argument("--data", help="classifier: JSONL/CSV file with text and label")
     evaluate.add_argument("--source", help="translation: source sentences, one per line (.gz ok)")
@@ -62,7 +63,14 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     _refuse_outputs_over_inputs(args)
-    kind = checkpoint_kind(args.checkpoint)
+    kinds = [checkpoint_kind(c) for c in args.checkpoint]
+    kind = kinds[0]
+    if len(kinds) > 1 and set(kinds) != {"captioning"}:
+        raise ValueError(
+            f"several --checkpoint: only captioning models decode as an ensemble, got {', '.join(kinds)}"
+        )
+    if kind != "captioning":
+        args.checkpoint = args.checkpoint[0]
     args.generation = generation_options(args)
     if kind not in ("translation", "captioning") and (args.generation or args.prefix):
         raise ValueError(
@@ -150,7 +158,7 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
 
 
 def _evaluate_captioning(args: argparse.Namespace) -> int:
-    from scratchformer.tasks.captioning import load_captioner
+    from scratchformer.tasks.captioning.ensemble import load_ensemble
 
     if not (args.flickr8k or args.karpathy or (args.captions and args.images)):
         raise ValueError(
@@ -159,7 +167,7 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
         )
     if args.karpathy and not args.images:
         raise ValueError("--karpathy JSON needs --images DIR (the folder its file paths are under)")
-    captioner = load_captioner(args.checkpoint, device=args.device)
+    captioner = load_ensemble(args.checkpoint, device=args.device)
     if args.features and captioner.photos is None:
         raise ValueError(
             "--features: this model was not trained on photographs through the image encoder; it reads "

@@ -93,7 +93,12 @@ def _translate(args: argparse.Namespace) -> int:
 
 def add_caption(sub: argparse._SubParsersAction) -> None:
     caption = sub.add_parser("caption", help="caption image files with a captioning checkpoint")
-    caption.add_argument("--checkpoint", required=True)
+    caption.add_argument(
+        "--checkpoint",
+        required=True,
+        action="append",
+        help="a captioning checkpoint; repeat it to caption with an ensemble (mean log-probabilities)",
+    )
     caption.add_argument(
         "images", nargs="+", help="image files (a photo model: any size and format Pillow reads)"
     )
@@ -120,11 +125,14 @@ def _caption(args: argparse.Namespace) -> int:
 
     from scratchformer.data.captions import UNK, tokenize_caption
     from scratchformer.models.pretrained import refuse_engine_export
-    from scratchformer.tasks.captioning import load_captioner
+    from scratchformer.tasks.captioning.ensemble import load_ensemble
 
     options = generation_options(args)
-    refuse_engine_export(args.checkpoint)
-    captioner = load_captioner(args.checkpoint, device=args.device)
+    for checkpoint in args.checkpoint:
+        refuse_engine_export(checkpoint)
+    if args.attention_png and len(args.checkpoint) > 1:
+        raise ValueError("--attention-png draws one model's attention: give one --checkpoint")
+    captioner = load_ensemble(args.checkpoint, device=args.device)
     if args.prefix:  # words the vocabulary lacks would be forced as <UNK>
         words = tokenize_caption(args.prefix)
         _warn_unknown(
@@ -144,7 +152,9 @@ def _caption(args: argparse.Namespace) -> int:
         out = Path(args.attention_png)
         for i, image in enumerate(images):
             target = out if len(images) == 1 else out.with_name(f"{out.stem}-{i}{out.suffix}")
-            captioner.plot_attention(image, target, photo=None if photos is None else photos[i])
+            captioner.plot_attention(
+                image, target, photo=None if photos is None else photos[i], caption=results[i][0].text
+            )
             print(f"attention: {target}", file=sys.stderr)
     return 0
 

@@ -66,8 +66,14 @@ def _demo(args: argparse.Namespace) -> int:
 def add_features(sub: argparse._SubParsersAction) -> None:
     features = sub.add_parser(
         "features",
-        help="image features of a folder of photographs (frozen EfficientNet-Lite0: "
-        "7x7x1280 regions and the pooled vector) into a safetensors file; resumable",
+        help="image features of a folder of photographs (a frozen EfficientNet-Lite0/1/2: "
+        "7x7, 8x8 or 9x9 regions of 1280 features and the pooled vector) into a safetensors file; resumable",
+    )
+    features.add_argument(
+        "--encoder",
+        choices=["efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2"],
+        default="efficientnet-lite0",
+        help="the image encoder, at its native resolution 224, 240 or 260 px (default: %(default)s)",
     )
     features.add_argument(
         "--images", required=True, help="folder of image files (any size, any format Pillow reads)"
@@ -95,7 +101,7 @@ def _features(args: argparse.Namespace) -> int:
     features = extract_image_features(
         args.images,
         args.out,
-        ImageEncoder().to(device),
+        ImageEncoder(args.encoder).to(device),
         batch_size=args.batch_size,
         device=device,
         progress=not args.no_progress,

@@ -1,9 +1,11 @@
 """Generation: the key/value cache, greedy decoding, beam search and sampling, and :func:`generate`
-over all of them by a :class:`GenerationConfig`. Imports core/ only."""
+over all of them by a :class:`GenerationConfig`, and :class:`Ensemble` (several models decoding as
+one). Imports core/ only."""
 
 from scratchformer.generation.beam import Hypothesis, beam_search
 from scratchformer.generation.cache import DecoderCache, DecoderLayerCache, KVCache
 from scratchformer.generation.config import GenerationConfig
+from scratchformer.generation.ensemble import Ensemble
 from scratchformer.generation.generate import generate
 from scratchformer.generation.greedy import greedy_decode
 from scratchformer.generation.interface import EncoderDecoder, max_decode_length
@@ -15,6 +17,7 @@ __all__ = [
     "DecoderCache",
     "DecoderLayerCache",
     "EncoderDecoder",
+    "Ensemble",
     "GenerationConfig",
     "Hypothesis",
     "KVCache",

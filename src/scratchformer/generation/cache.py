@@ -98,6 +98,13 @@ class DecoderCache:
     def __init__(self, num_layers: int):
         self.layers = [DecoderLayerCache() for _ in range(num_layers)]
 
+    @classmethod
+    def of(cls, layers: list[DecoderLayerCache]) -> DecoderCache:
+        """A cache over these layer caches (shared, not copied): one member's part of an ensemble's."""
+        cache = cls(0)
+        cache.layers = layers
+        return cache
+
     def __len__(self) -> int:
         """Number of target positions already decoded."""
         return len(self.layers[0].self_attn) if self.layers else 0

@@ -6,6 +6,7 @@ generation returns.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import numbers
@@ -36,9 +37,11 @@ __all__ = [
     "TrainingRun",
     "check_batch",
     "check_decoding",
+    "check_decoding_grid",
     "check_files",
     "check_model_fields",
     "check_range",
+    "decoding_combinations",
     "label_smoothed_loss",
     "pad_ids",
     "stopped_early",
@@ -193,12 +196,16 @@ class DecodingOptions(TypedDict, total=False):
     max_len_a: float  # at most max_len_a * S + max_len_b new tokens for a source of S tokens (>= 0),
     # within the model's max_len
     max_len_b: int  # the constant term of that limit (>= 0)
+    no_repeat_ngram_size: int  # captioning: no n-gram of this size twice in a caption (0: off)
+    min_new_tokens: int  # captioning: no end of the caption before this many words (0: off)
 
 
 DECODING_KEYS: dict[str, type] = get_type_hints(DecodingOptions)  # key -> int or float
+TRANSLATION_DECODING = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
+CAPTIONING_DECODING = ("beam_size", "length_penalty", "no_repeat_ngram_size", "min_new_tokens")
 
 
-def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = tuple(DECODING_KEYS)) -> None:
+def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = TRANSLATION_DECODING) -> None:
     """A recipe's ``decoding`` section: known keys only, beam_size >= 1, finite numbers >= 0."""
     unknown = sorted(set(decoding) - set(allowed))
     if unknown:
@@ -213,9 +220,29 @@ def check_decoding(decoding: dict[str, Any], allowed: tuple[str, ...] = tuple(DE
             raise ValueError(
                 f"decoding.{key}: expected a finite {'integer' if integer else 'number'}, got {value!r}"
             )
-        low = {"beam_size": 1, "max_len_a": 0, "max_len_b": 0}.get(key)
-        if low is not None and value < low:
-            raise ValueError(f"decoding.{key} must be >= {low}, got {value!r}")
+        low = {"beam_size": 1, "max_len_a": 0, "max_len_b": 0, "no_repeat_ngram_size": 0, "min_new_tokens": 0}
+        if key in low and value < low[key]:
+            raise ValueError(f"decoding.{key} must be >= {low[key]}, got {value!r}")
+
+
+def decoding_combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of a ``decoding_grid``'s values:
+    {"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]."""
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def check_decoding_grid(
+    decoding: dict[str, Any], grid: Any, allowed: tuple[str, ...] = TRANSLATION_DECODING
+) -> None:
+    """A recipe's ``decoding_grid``: an object of non-empty lists, each combination on top of
+    ``decoding`` a valid decoding section."""
+    if not isinstance(grid, dict):
+        raise ValueError(f"decoding_grid: expected an object of lists, got {grid!r}")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"decoding_grid.{key}: expected a non-empty list of values, got {values!r}")
+    for options in decoding_combinations(grid):
+        check_decoding({**decoding, **options}, allowed)
 
 
 def _check_integer(name: str, value: Any, low: int) -> None:

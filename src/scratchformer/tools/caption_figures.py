@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["plot_caption_attention", "plot_caption_examples"]
+__all__ = ["plot_caption_attention", "plot_caption_attention_rows", "plot_caption_examples"]
 
 
 def plot_caption_attention(
@@ -41,6 +41,50 @@ def plot_caption_attention(
         ax.set_title(words[i], fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
+def plot_caption_attention_rows(
+    images: Sequence[Tensor],
+    words: Sequence[Sequence[str]],
+    attention: Sequence[Tensor],
+    grid: int,
+    titles: Sequence[str],
+    path: str | Path,
+    max_words: int = 8,
+) -> None:
+    """One row per image (C, H, W): the image under its title, then its first ``max_words`` words,
+    each over its (L, grid * grid) attention, overlaid as in :func:`plot_caption_attention`."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 1 + max(min(max_words, len(w)) for w in words)
+    fig, axes = plt.subplots(len(images), cols, figsize=(1.7 * cols, 2.0 * len(images)), squeeze=False)
+    for row, image, row_words, weights, title in zip(axes, images, words, attention, titles):
+        pixels = (
+            image.permute(1, 2, 0).cpu().float() / (255.0 if image.dtype == torch.uint8 else 1.0)
+        ).numpy()
+        size = image.shape[-1]
+        for ax in row:
+            ax.axis("off")
+        row[0].imshow(pixels)
+        row[0].set_title(textwrap.fill(title, 26), fontsize=6.5, loc="left")
+        for ax, word, heat in zip(row[1:], row_words[:max_words], weights):
+            heat = F.interpolate(
+                heat.reshape(1, 1, grid, grid).float(),
+                size=(size, size),
+                mode="bilinear",
+                align_corners=False,
+            )[0, 0]
+            ax.imshow(pixels)
+            ax.imshow(heat.numpy(), cmap="inferno", alpha=0.55)
+            ax.set_title(word, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 

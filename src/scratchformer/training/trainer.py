@@ -11,6 +11,7 @@ The loop (:meth:`Trainer._fit`) is a few named steps, each a method::
     while steps are left and patience is not out:
         loss = _optimisation_step(run, _next_group(run))     accumulate, clip, step (None: fp16 skipped it)
         _log(run, loss)                          every log_every steps: metrics.jsonl, TensorBoard
+                                                 (with the task's ``train_metrics()``, if it has one)
         _evaluate_and_save(run)                  every eval_every steps: best/, step-*/, patience
         save("last", ...)                        every save_every steps: the resumable checkpoint
     _finish(run)                                 the TrainResult
@@ -384,6 +385,9 @@ class Trainer:
         }
         if run.scaler.is_enabled():
             record["skipped_steps"] = run.skipped  # fp16 overflows so far (the scaler's calibration)
+        train_metrics = getattr(self.task, "train_metrics", None)  # optional: the task's own numbers
+        if train_metrics is not None:
+            record.update(train_metrics())  # since its last log (rank 0's batches under torchrun)
         if self.world.is_main:
             self.log.write(record)
         run.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{run.lr:.2e}", tok_s=f"{record['items_per_s']:.0f}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,10 @@ from scratchformer.data.image_features import (
     load_photo,
 )
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR
-from scratchformer.generation import sample_decode
+from scratchformer.generation import greedy_decode, sample_decode
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.image_encoder import ImageEncoder
-from scratchformer.tasks.captioning.captioner import Captioner, load_captioner
+from scratchformer.tasks.captioning.captioner import Captioner, choose_decoding, load_captioner
 from scratchformer.tasks.captioning.recipe import (  # the recipe and its data; re-exported here
     CaptioningRecipe as CaptioningRecipe,
 )
@@ -78,7 +79,7 @@ from scratchformer.tools.caption_figures import (
     plot_caption_attention as plot_caption_attention,  # (re-exported)
 )
 from scratchformer.training import Trainer, check_run, distributed
-from scratchformer.training.checkpoint import load_checked
+from scratchformer.training.checkpoint import load_checked, update_config
 
 __all__ = [
     "CaptioningRun",
@@ -201,17 +202,37 @@ class SelfCriticalTask(CaptioningTask):
     """Self-critical sequence training (Rennie et al. 2017), the step after cross-entropy that
     optimises the metric itself: for each image draw ``samples`` captions from the model, reward
     each by its CIDEr-D against the image's training references, and raise the log-probability of
-    the samples that beat the mean of the image's other samples (the baseline of Luo 2020), lower
-    the others. Evaluation as :class:`CaptioningTask`."""
+    the samples that beat the baseline, lower the others. The baseline is the mean reward of the
+    image's other samples (``"mean"``, Luo 2020) or the reward of its greedy caption (``"greedy"``,
+    the paper's). Sampling runs without dropout; ``dropout=False`` keeps it off in the gradient's
+    forward pass too, so the log-probabilities are those of the policy that sampled. Evaluation as
+    :class:`CaptioningTask`."""
 
-    def __init__(self, *args: Any, samples: int = 5, **kwargs: Any):
+    def __init__(
+        self, *args: Any, samples: int = 5, baseline: str = "mean", dropout: bool = True, **kwargs: Any
+    ):
         super().__init__(*args, **kwargs)
-        if samples < 2:
+        if samples < 2 and baseline == "mean":
             raise ValueError(
                 f"scst samples must be >= 2 (the baseline is the other samples' mean), got {samples}"
             )
+        if baseline not in ("mean", "greedy"):
+            raise ValueError(f"scst baseline: expected 'mean' or 'greedy', got {baseline!r}")
         self.samples, self.cider = samples, CiderD(self.train.references)
+        self.baseline, self.dropout = baseline, dropout
         self.captions_per_image = 1  # batches of images; their captions are sampled
+        self._rewards: list[float] = []  # mean sample and baseline rewards of each batch since the last log
+        self._baselines: list[float] = []
+
+    def rewards(self, captions: Tensor, index: Sequence[int], per_image: int) -> Tensor:
+        """CIDEr-D (pycocoevalcap's scale: the tables' figures / 100) of each caption (N * per_image,
+        T) ids against its image's references: (N, per_image)."""
+        return torch.tensor(
+            [
+                self.cider.score(self.vocab.decode(row), index[n // per_image])
+                for n, row in enumerate(captions.tolist())
+            ]
+        ).view(-1, per_image)
 
     def loss(
         self, model: nn.Module, batch: list[tuple[int, tuple[int, ...]]], device: torch.device
@@ -219,29 +240,40 @@ class SelfCriticalTask(CaptioningTask):
         index = [i for i, _ in batch]
         images, k = self.train.inputs[index].to(device), self.samples
         inner: CaptioningTransformer = getattr(model, "module", model)  # sample outside DDP: no gradient
+        limits = {
+            "bos_id": START,
+            "eos_id": END,
+            "max_len_a": 0.0,
+            "max_len_b": self.model_config.max_len - 1,
+        }
         inner.eval()
-        samples = sample_decode(
-            inner,
-            images,
-            bos_id=START,
-            eos_id=END,
-            num_samples=k,
-            max_len_a=0.0,
-            max_len_b=self.model_config.max_len - 1,
-        )
-        inner.train()
-        rewards = torch.tensor(
-            [
-                self.cider.score(self.vocab.decode(row), index[n // k])
-                for n, row in enumerate(samples.tolist())
-            ]
-        ).view(-1, k)
-        advantage = (rewards - (rewards.sum(1, keepdim=True) - rewards) / (k - 1)).flatten().to(device)
+        samples = sample_decode(inner, images, num_samples=k, **limits)
+        if self.baseline == "greedy":
+            greedy = greedy_decode(inner, images, **limits)
+        inner.train(self.dropout)
+        rewards = self.rewards(samples, index, k)
+        if self.baseline == "greedy":
+            base = self.rewards(greedy, index, 1)  # type: ignore[arg-type]
+        else:
+            base = (rewards.sum(1, keepdim=True) - rewards) / (k - 1)
+        self._rewards.append(float(rewards.mean()))
+        self._baselines.append(float(base.mean()))
+        advantage = (rewards - base).flatten().to(device)
         tgt_in = torch.cat([torch.full_like(samples[:, :1], START), samples[:, :-1]], dim=1)
         logits = model(images, tgt_in, k)
+        inner.train()
         log_p = torch.log_softmax(logits.float(), dim=-1).gather(-1, samples[..., None])[..., 0]
         real = samples != PAD
         return -(advantage[:, None] * log_p * real).sum() / real.sum(), int(real.sum())
+
+    def train_metrics(self) -> dict[str, float]:
+        """The mean CIDEr-D (pycocoevalcap's scale) of the samples and of their baseline since the
+        last call (the trainer logs them with each training record)."""
+        rewards, baselines = self._rewards, self._baselines
+        self._rewards, self._baselines = [], []
+        if not rewards:
+            return {}
+        return {"reward": sum(rewards) / len(rewards), "baseline": sum(baselines) / len(baselines)}
 
 
 class CaptioningRun(TrainingRun):
@@ -291,7 +323,9 @@ class CaptioningRun(TrainingRun):
         seconds_data = self.seconds()
         self.model_config = config = model_config_for(self.splits["train"], self.vocab, r.model)
         self.photos = (
-            {"image_encoder": ImageEncoder.describe(), "memory": r.memory} if r.data in r.PHOTOS else None
+            {"image_encoder": ImageEncoder.describe(r.image_encoder), "memory": r.memory}
+            if r.data in r.PHOTOS
+            else None
         )
         model = self.new_model(lambda: CaptioningTransformer(config))
         task = CaptioningTask(
@@ -336,6 +370,8 @@ class CaptioningRun(TrainingRun):
             r.decoding,
             self.photos,
             samples=r.scst.get("samples", 5),
+            baseline=r.scst.get("baseline", "mean"),
+            dropout=r.scst.get("dropout", True),
         )
         second = Trainer(model, scst, self.scst_config).fit(resume=self.resume_scst)
         best = {"xe": first.best, "scst": second.best}
@@ -359,7 +395,18 @@ class CaptioningRun(TrainingRun):
         }
 
     def finish(self, report: dict[str, Any]) -> None:
-        captioner = load_captioner(self.final / "best", device=self.recipe.train.device)
+        r = self.recipe
+        captioner = load_captioner(self.final / "best", device=r.train.device)
+        if r.decoding_grid:  # on the validation split; the winner becomes the checkpoint's decoding
+            t0 = time.perf_counter()
+            captioner.decoding, report["decoding_search"] = choose_decoding(
+                captioner,
+                self.splits["valid"],
+                r.decoding_grid,  # type: ignore[index]
+            )
+            report["decoding"] = captioner.decoding
+            update_config(self.final / "best", decoding=captioner.decoding)
+            report["seconds_decoding_search"] = time.perf_counter() - t0
         # the literature's figures on real photos are on dev too
         scored = ["valid"] if self.recipe.data in self.recipe.PHOTOS else []
         for name in scored + sorted(n for n in self.splits if n.startswith("test")):  # type: ignore[union-attr]
@@ -370,7 +417,7 @@ class CaptioningRun(TrainingRun):
         captions in ``{name}_captions.txt``, a figure of its first four images (``{name}_examples.png``)
         and, with photo regions, of the first one's attention (``{name}_attention.png``)."""
         r, out, test = self.recipe, self.out, self.splits[name]  # type: ignore[index]
-        beam = r.decoding.get("beam_size", 3)
+        beam = captioner.decoding.get("beam_size", 3)
         scores = {"greedy": captioner.evaluate(test, beam_size=1)}
         if beam > 1:
             scores[f"beam{beam}"] = captioner.evaluate(test, beam_size=beam)

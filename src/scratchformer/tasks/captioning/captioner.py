@@ -9,6 +9,7 @@ reads a checkpoint of :func:`~scratchformer.tasks.captioning.train_captioner` in
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,15 +25,15 @@ from scratchformer.data.image_features import extract_image_features, load_photo
 from scratchformer.fast import optimize
 from scratchformer.generation import GenerationConfig, generate, greedy_decode
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
-from scratchformer.models.image_encoder import ImageEncoder
+from scratchformer.models.image_encoder import IMAGE_ENCODERS, ImageEncoder
 from scratchformer.models.patch_embedding import PatchEmbedding
-from scratchformer.tasks.common import Generated, check_batch
+from scratchformer.tasks.common import Generated, check_batch, decoding_combinations
 from scratchformer.tools.attention_maps import record_attention
 from scratchformer.tools.caption_figures import plot_caption_attention
 from scratchformer.training import resolve_device
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
 
-__all__ = ["Captioner", "load_captioner"]
+__all__ = ["Captioner", "choose_decoding", "load_captioner"]
 
 START, END = Vocabulary.start_id, Vocabulary.end_id
 
@@ -54,12 +55,12 @@ class Captioner:
 
     def photo_features(self, paths: Sequence[str | Path], batch_size: int = 32) -> tuple[Tensor, Tensor]:
         """Photo files (any size, any format Pillow reads) -> the model's input features ((N, R, D_img)
-        regions or (N, D_img) pooled, float16) and the cropped photos (N, 3, 224, 224) uint8, through
-        the image encoder the model was trained with."""
+        regions or (N, D_img) pooled, float16) and the cropped photos (N, 3, S, S) uint8 (S: the
+        encoder's resolution), through the image encoder the model was trained with."""
         encoder, features, photos = self.image_encoder(), [], []
         for start in range(0, len(paths), batch_size):
             batch = torch.stack(
-                [load_photo(p, ImageEncoder.image_size) for p in paths[start : start + batch_size]]
+                [load_photo(p, encoder.image_size) for p in paths[start : start + batch_size]]
             )
             regions, pooled = encoder(batch.to(self.device))
             features.append((regions if self.photos["memory"] == "regions" else pooled).half().cpu())  # type: ignore[index]
@@ -79,12 +80,14 @@ class Captioner:
                 )
             )
         if self._encoder is None:
-            if ImageEncoder.describe() != self.photos["image_encoder"]:
+            trained_on = self.photos["image_encoder"]
+            name = trained_on.get("encoder")
+            if name not in IMAGE_ENCODERS or ImageEncoder.describe(name) != trained_on:
                 raise ValueError(
-                    f"this checkpoint was trained on features of {self.photos['image_encoder']}, "
-                    f"this installation's image encoder is {ImageEncoder.describe()}"
+                    f"this checkpoint was trained on features of {trained_on}, which this installation's "
+                    f"image encoders ({', '.join(IMAGE_ENCODERS)}) do not make"
                 )
-            self._encoder = ImageEncoder().to(self.device)
+            self._encoder = ImageEncoder(name).to(self.device)
         return self._encoder
 
     def corpus_features(
@@ -176,28 +179,37 @@ class Captioner:
         return {**caption_scores(hypotheses, examples.references), "hypotheses": hypotheses}
 
     @torch.no_grad()
-    def caption_with_attention(self, image: Tensor) -> tuple[list[str], Tensor]:
-        """Greedy caption of one image ((C, H, W) pixels, or features: (R, D_img) regions / (D_img,))
-        and, for each generated word (and <END>), the last decoder layer's cross-attention over the
-        memory, averaged over heads: (L, N) for N memory slots."""
-        with record_attention(self.model) as recorded:
-            ids = greedy_decode(
-                self.model, image[None].to(self.device), bos_id=START, eos_id=END, **self._limits()
-            )
-        assert isinstance(ids, Tensor)
+    def caption_with_attention(self, image: Tensor, caption: str | None = None) -> tuple[list[str], Tensor]:
+        """The greedy caption of one image ((C, H, W) pixels, or features: (R, D_img) regions /
+        (D_img,)), or the given ``caption`` (e.g. beam search's) read by the model, and for each of its
+        words (and <END>) the last decoder layer's cross-attention over the memory, averaged over
+        heads: (L, N) for N memory slots."""
         last = f"decoder.layers.{len(self.model.decoder.layers) - 1}.cross_attn"
-        attention = torch.stack(
-            [w[0, :, -1].mean(dim=0) for w in recorded[last]]
-        )  # per step (1, H, 1, N) -> (N,)
-        tokens = ids[0].tolist()
+        image = image[None].to(self.device)
+        with record_attention(self.model) as recorded:
+            if caption is None:
+                ids = greedy_decode(self.model, image, bos_id=START, eos_id=END, **self._limits())
+                assert isinstance(ids, Tensor)
+                tokens = ids[0].tolist()
+            else:  # teacher forcing: one call sees every position
+                tokens = self.vocab.encode(caption)[: self.model.config.max_len - 1] + [END]
+                self.model(image, torch.tensor([[START] + tokens[:-1]], device=self.device))
+        weights = recorded[last]
+        attention = (
+            torch.stack([w[0, :, -1].mean(dim=0) for w in weights])  # per step (1, H, 1, N) -> (N,)
+            if caption is None
+            else weights[0][0].mean(dim=0)  # (1, H, L, N) -> (L, N)
+        )
         length = tokens.index(END) + 1 if END in tokens else len(tokens)
         words = [self.vocab.words[t] for t in tokens[:length]]
         return words, attention[:length].cpu()
 
-    def plot_attention(self, image: Tensor, path: str | Path, photo: Tensor | None = None) -> list[str]:
-        """Caption one image greedily and draw each word's attention over it (a PNG): ``image`` is
-        (C, H, W) pixels, or for a photo model its region features (R, D_img) with the ``photo``
-        (3, H, W) they came from."""
+    def plot_attention(
+        self, image: Tensor, path: str | Path, photo: Tensor | None = None, caption: str | None = None
+    ) -> list[str]:
+        """Caption one image greedily (or read ``caption``) and draw each word's attention over it (a
+        PNG): ``image`` is (C, H, W) pixels, or for a photo model its region features (R, D_img) with
+        the ``photo`` (3, H, W) they came from."""
         visual = self.model.visual
         if isinstance(visual, PatchEmbedding):
             grid, picture = visual.grid, image
@@ -208,7 +220,7 @@ class Captioner:
                 "attention over the image needs a model that reads pixels or photo regions (memory "
                 "'regions'), and the photo"
             )
-        words, attention = self.caption_with_attention(image)
+        words, attention = self.caption_with_attention(image, caption)
         plot_caption_attention(picture, words, attention, grid, path)
         return words
 
@@ -230,3 +242,22 @@ def load_captioner(directory: str | Path, device: str = "auto") -> Captioner:
     model = optimize(load_checked(directory, lambda: CaptioningTransformer(model_config)))
     dev = resolve_device(device)
     return Captioner(model.to(dev), vocab, config["decoding"], dev, config.get("photos"))
+
+
+def choose_decoding(
+    captioner: Captioner, examples: CaptionExamples, grid: dict[str, list[Any]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Caption ``examples`` with every combination of ``grid`` (e.g. ``{"beam_size": [3, 5],
+    "length_penalty": [1.0, 1.5]}``) on top of the captioner's decoding; return the decoding with the
+    highest CIDEr-D (the first of equals) and every combination's scores. Pass the validation split:
+    the scores of the split chosen on are optimistic."""
+    combinations, trials = decoding_combinations(grid), []
+    for options in combinations:
+        trial = copy.copy(captioner)  # the same model, another decoding
+        trial.decoding = {**captioner.decoding, **options}
+        scores = trial.evaluate(examples)
+        words = sum(len(h.split()) for h in scores["hypotheses"]) / len(scores["hypotheses"])
+        metrics = ("bleu1", "bleu2", "bleu3", "bleu4", "cider")
+        trials.append({**options, **{m: scores[m] for m in metrics}, "words": words})
+    best = max(range(len(trials)), key=lambda i: (trials[i]["cider"], -i))
+    return {**captioner.decoding, **combinations[best]}, trials

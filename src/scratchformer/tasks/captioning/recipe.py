@@ -29,7 +29,9 @@ from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR
 from scratchformer.models.captioning import CaptioningConfig
 from scratchformer.models.image_encoder import ImageEncoder
 from scratchformer.tasks.common import (
+    CAPTIONING_DECODING,
     check_decoding,
+    check_decoding_grid,
     check_model_fields,
     check_range,
 )
@@ -72,6 +74,10 @@ class SelfCriticalOptions(_RequiredSelfCritical, total=False):
     lr: float  # its learning rate, constant (default: 0.05 * train.lr)
     samples: int  # captions sampled per image, >= 2 (default 5)
     eval_every: int  # evaluate every N steps (default: train.eval_every)
+    baseline: str  # "mean": of the image's other samples (Luo 2020; default), "greedy": the greedy
+    # caption's reward (Rennie et al. 2017)
+    dropout: bool  # dropout in the policy-gradient forward pass (default true); false: the log-probabilities
+    # are those of the policy that sampled (dropout is never on while sampling)
 
 
 @dataclass
@@ -84,14 +90,15 @@ class CaptioningRecipe(Recipe):
     ``train_captions``, ``valid_captions``, optional ``test_captions``; ``image_size`` resizes),
     "flickr8k" (the Flickr8k layout in ``flickr8k_dir``) or "karpathy" (Karpathy's split JSON
     ``karpathy_json`` with photos under ``image_dir``, e.g. COCO). The last two caption real
-    photographs: the frozen :class:`~scratchformer.models.image_encoder.ImageEncoder` turns them into
-    features once, stored in ``features`` (reused when there), and ``memory`` picks what the decoder
-    attends over: "regions" (the 7 x 7 grid, "Show, Attend and Tell") or "pooled" (one vector, cs231n).
-    ``splits`` names the training, validation and test splits there (tests are optional);
-    ``{source}`` in ``features`` is the data kind. ``batch_size`` counts images, each with
-    ``captions_per_image`` of its references (encoded once for all of them). ``scst`` adds
-    self-critical training after cross-entropy (:class:`SelfCriticalTask`); its weights are scored
-    only if they beat cross-entropy's on validation. ``{data}`` in paths is the shared data directory.
+    photographs: the frozen :class:`~scratchformer.models.image_encoder.ImageEncoder` named by
+    ``image_encoder`` turns them into features once, stored in ``features`` (reused when there), and
+    ``memory`` picks what the decoder attends over: "regions" (its G x G grid, "Show, Attend and
+    Tell") or "pooled" (one vector, cs231n). ``splits`` names the training, validation and test splits
+    there (tests are optional); ``{source}`` in ``features`` is the data kind, ``{encoder}`` the
+    encoder. ``batch_size`` counts images, each with ``captions_per_image`` of its references
+    (encoded once for all of them). ``scst`` adds self-critical training after cross-entropy
+    (:class:`SelfCriticalTask`); its weights are scored only if they beat cross-entropy's on
+    validation. ``{data}`` in paths is the shared data directory.
     """
 
     data: str = "shapes"  # the source: "shapes" (built in), "cs231n", "folder", "flickr8k" or "karpathy"
@@ -111,10 +118,12 @@ class CaptioningRecipe(Recipe):
     splits: dict[str, Any] = field(  # data "flickr8k"/"karpathy": the splits that train, validate and
         default_factory=lambda: {"train": "train", "valid": "dev", "test": []}
     )  # test (CaptionSplits)
-    features: str = "runs/features/{source}-efficientnet-lite0.safetensors"  # photos: the feature
-    # file, reused when there, else extracted into it; ``{source}`` is the data kind
-    memory: str = "regions"  # photos: the decoder attends over "regions" (the 7 x 7 grid) or "pooled"
-    # (one vector)
+    image_encoder: str = "efficientnet-lite0"  # photos: the frozen encoder, "efficientnet-lite0",
+    # "-lite1" or "-lite2" (each at its native resolution: 7x7, 8x8 or 9x9 regions)
+    features: str = "runs/features/{source}-{encoder}.safetensors"  # photos: the feature file, reused
+    # when there, else extracted into it; ``{source}`` is the data kind, ``{encoder}`` the image encoder
+    memory: str = "regions"  # photos: the decoder attends over "regions" (the encoder's G x G grid) or
+    # "pooled" (one vector)
     min_count: int = 1  # words seen fewer times in training become <UNK>
     batch_size: int = 64  # images per batch
     captions_per_image: int = 1  # references of each image in a batch (5: all of Flickr8k's)
@@ -122,8 +131,11 @@ class CaptioningRecipe(Recipe):
     model: dict[str, Any] = field(default_factory=dict)  # CaptioningConfig fields (V and input from the data)
     decoding: dict[str, Any] = field(  # the checkpoint's decoding (test splits, ``caption``): the
         default_factory=lambda: {"beam_size": 3, "length_penalty": 1.0}
-    )  # DecodingOptions beam_size and
-    # length_penalty
+    )  # DecodingOptions beam_size,
+    # length_penalty, no_repeat_ngram_size and min_new_tokens
+    decoding_grid: dict[str, list[Any]] = field(default_factory=dict)  # decoding options tried on the
+    # validation split after training (decoding key -> values; every combination, on top of
+    # ``decoding``); the highest CIDEr-D becomes the checkpoint's decoding ({}: none)
     train: TrainConfig = field(default_factory=TrainConfig)  # how to train: TrainConfig's fields
     scst: dict[str, Any] = field(default_factory=dict)  # self-critical training after cross-entropy, into
     # ``out_dir``/scst: SelfCriticalOptions ({}: none)
@@ -136,6 +148,14 @@ class CaptioningRecipe(Recipe):
             raise ValueError(
                 f"data: expected 'shapes', 'cs231n', 'folder', 'flickr8k' or 'karpathy', got {self.data!r}"
             )
+        if self.data in self.PHOTOS:
+            grid = ImageEncoder.spec(self.image_encoder)[1]  # an unknown name is refused here
+            regions = self.model.get("num_regions")
+            if self.memory == "regions" and regions and regions != grid * grid:
+                raise ValueError(
+                    f"model.num_regions={regions}: {self.image_encoder} gives {grid}x{grid} = {grid * grid} "
+                    "regions per photo"
+                )
         if self.memory not in ("regions", "pooled"):
             raise ValueError(f"memory: expected 'regions' or 'pooled', got {self.memory!r}")
         if (
@@ -171,13 +191,19 @@ class CaptioningRecipe(Recipe):
             },
             ("label_smoothing",),
         )
-        check_decoding(self.decoding, ("beam_size", "length_penalty"))
+        check_decoding(self.decoding, CAPTIONING_DECODING)
+        check_decoding_grid(self.decoding, self.decoding_grid, CAPTIONING_DECODING)
         if self.scst:
-            unknown = set(self.scst) - {"steps", "lr", "samples", "eval_every"}
+            unknown = set(self.scst) - {"steps", "lr", "samples", "eval_every", "baseline", "dropout"}
             if unknown or not isinstance(self.scst.get("steps"), int) or self.scst["steps"] < 1:
                 raise ValueError(
-                    f"scst: expected {{'steps': N >= 1, 'lr', 'samples', 'eval_every'}}, got {self.scst!r}"
+                    "scst: expected {'steps': N >= 1, 'lr', 'samples', 'eval_every', 'baseline', 'dropout'}, "
+                    f"got {self.scst!r}"
                 )
+            if self.scst.get("baseline", "mean") not in ("mean", "greedy"):
+                raise ValueError(f"scst.baseline: expected 'mean' or 'greedy', got {self.scst['baseline']!r}")
+            if not isinstance(self.scst.get("dropout", True), bool):
+                raise ValueError(f"scst.dropout: expected true or false, got {self.scst['dropout']!r}")
             if not isinstance(self.scst.get("samples", 5), int) or self.scst.get("samples", 5) < 2:
                 raise ValueError(f"scst.samples must be an integer >= 2, got {self.scst.get('samples')!r}")
         decided = (
@@ -212,7 +238,10 @@ def load_caption_splits(
     elif r.data in r.PHOTOS:
         corpora = photo_corpora(r, data_dir)
         features = photo_feature_file(
-            list(corpora.values()), path(r.features.replace("{source}", r.data)), r.train.device
+            list(corpora.values()),
+            path(r.features.replace("{source}", r.data).replace("{encoder}", r.image_encoder)),
+            r.train.device,
+            r.image_encoder,
         )
         splits = photo_splits(corpora, features, r.memory)
     else:
@@ -242,14 +271,18 @@ def photo_corpora(recipe: CaptioningRecipe, data_dir: str | Path) -> dict[str, C
 
 
 def photo_feature_file(
-    corpora: Sequence[CaptionCorpus], path: str | Path, device: str = "cpu"
+    corpora: Sequence[CaptionCorpus],
+    path: str | Path,
+    device: str = "cpu",
+    encoder_name: str = "efficientnet-lite0",
 ) -> ImageFeatures:
-    """The image encoder's features of every photo of ``corpora`` (one image folder), from the file
-    ``path`` where it has them, else extracted into it (on rank 0 under torchrun; the others read it)."""
+    """The image encoder's (``encoder_name``) features of every photo of ``corpora`` (one image folder),
+    from the file ``path`` where it has them, else extracted into it (on rank 0 under torchrun; the
+    others read it)."""
     folder, wanted = photos_folder(corpora)
 
     def extract() -> ImageFeatures:
-        encoder = ImageEncoder().to(resolve_device(device))
+        encoder = ImageEncoder(encoder_name).to(resolve_device(device))
         return extract_image_features(folder, path, encoder, names=wanted, device=encoder.mean.device)
 
     def extract_to_disk() -> None:  # under torchrun the features stay on disk, not broadcast

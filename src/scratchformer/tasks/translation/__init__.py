@@ -8,7 +8,6 @@ translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,9 +27,11 @@ from scratchformer.data.tokenization import read_tokenizer, train_bpe
 from scratchformer.tasks.common import (
     TrainingRun,
     check_decoding,
+    check_decoding_grid,
     check_files,
     check_model_fields,
     check_range,
+    decoding_combinations,
     label_smoothed_loss,
     pad_ids,
 )
@@ -191,13 +192,7 @@ class TranslationRecipe(Recipe):
                 f"test_source and test_target: give both or neither, got {self.test_source!r} and "
                 f"{self.test_target!r}"
             )
-        if not isinstance(self.decoding_grid, dict):
-            raise ValueError(f"decoding_grid: expected an object of lists, got {self.decoding_grid!r}")
-        for key, values in self.decoding_grid.items():
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"decoding_grid.{key}: expected a non-empty list of values, got {values!r}")
-        for options in _combinations(self.decoding_grid):
-            check_decoding({**self.decoding, **options})
+        check_decoding_grid(self.decoding, self.decoding_grid)
         check_model_fields(
             TransformerConfig,
             {"max_len": 256, **self.model},
@@ -328,12 +323,6 @@ def train_translation(
     return TranslationRun(recipe, data_dir, resume).run()
 
 
-def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of a grid's values:
-    {"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]."""
-    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-
-
 def choose_decoding(
     translator: Translator, sources: Sequence[str], references: Sequence[str], grid: dict[str, list[Any]]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -341,7 +330,7 @@ def choose_decoding(
     "length_penalty": [0.6, 1.0]}``) on top of the translator's decoding; return the decoding with
     the highest sacreBLEU (the first of equals) and every combination's scores. Pass validation
     pairs: choosing on the test set would report an optimistic score."""
-    combinations, trials = _combinations(grid), []
+    combinations, trials = decoding_combinations(grid), []
     for options in combinations:
         decoding = {**translator.decoding, **options}
         trial = Translator(
