@@ -738,6 +738,8 @@ def test_caption_and_evaluate_take_an_ensemble_of_checkpoints(tmp_path: Path, ca
         == 2
     )
     assert "--attention-png draws one model's attention" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="attention maps are one model's"):  # the Python API says so too
+        ensemble.plot_attention(features[0], tmp_path / "att.png")
     b.vocab.words.append("zebra")  # another vocabulary
     with pytest.raises(ValueError, match="ensemble member 2 has another caption vocabulary"):
         EnsembleCaptioner([a, b])

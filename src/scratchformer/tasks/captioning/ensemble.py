@@ -95,6 +95,11 @@ class EnsembleCaptioner(Captioner):
     def caption_with_attention(self, image: Tensor, caption: str | None = None) -> tuple[list[str], Tensor]:
         raise ValueError("attention maps are one model's: draw them with one checkpoint, not an ensemble")
 
+    def plot_attention(
+        self, image: Tensor, path: str | Path, photo: Any = None, caption: Any = None
+    ) -> list[str]:
+        return self.caption_with_attention(image, caption)[0]  # refused, before the base's self.model.visual
+
 
 def load_ensemble(directories: Sequence[str | Path], device: str = "auto") -> Captioner:
     """Checkpoints of :func:`~scratchformer.tasks.captioning.train_captioner` decoding as one (one
