@@ -41,6 +41,7 @@ __all__ = [
     "check_files",
     "check_model_fields",
     "check_range",
+    "choose_from_grid",
     "decoding_combinations",
     "label_smoothed_loss",
     "pad_ids",
@@ -229,6 +230,21 @@ def decoding_combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """Every combination of a ``decoding_grid``'s values:
     {"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]."""
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def choose_from_grid(
+    decoding: dict[str, Any],
+    grid: dict[str, list[Any]],
+    score: Callable[[dict[str, Any]], dict[str, Any]],
+    metric: str,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every combination of ``grid`` on top of ``decoding``, scored by ``score(full decoding)``;
+    returns the decoding whose ``metric`` is highest (the first of equals) and each combination's
+    options with its scores (a task's ``choose_decoding``)."""
+    combinations = decoding_combinations(grid)
+    trials = [{**options, **score({**decoding, **options})} for options in combinations]
+    best = max(range(len(trials)), key=lambda i: (trials[i][metric], -i))
+    return {**decoding, **combinations[best]}, trials
 
 
 def check_decoding_grid(

@@ -27,7 +27,7 @@ from scratchformer.generation import GenerationConfig, generate, greedy_decode
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.image_encoder import IMAGE_ENCODERS, ImageEncoder
 from scratchformer.models.patch_embedding import PatchEmbedding
-from scratchformer.tasks.common import Generated, check_batch, decoding_combinations
+from scratchformer.tasks.common import Generated, check_batch, choose_from_grid
 from scratchformer.tools.attention_maps import record_attention
 from scratchformer.tools.caption_figures import plot_caption_attention
 from scratchformer.training import resolve_device
@@ -251,13 +251,12 @@ def choose_decoding(
     "length_penalty": [1.0, 1.5]}``) on top of the captioner's decoding; return the decoding with the
     highest CIDEr-D (the first of equals) and every combination's scores. Pass the validation split:
     the scores of the split chosen on are optimistic."""
-    combinations, trials = decoding_combinations(grid), []
-    for options in combinations:
+
+    def score(decoding: dict[str, Any]) -> dict[str, Any]:
         trial = copy.copy(captioner)  # the same model, another decoding
-        trial.decoding = {**captioner.decoding, **options}
+        trial.decoding = decoding
         scores = trial.evaluate(examples)
         words = sum(len(h.split()) for h in scores["hypotheses"]) / len(scores["hypotheses"])
-        metrics = ("bleu1", "bleu2", "bleu3", "bleu4", "cider")
-        trials.append({**options, **{m: scores[m] for m in metrics}, "words": words})
-    best = max(range(len(trials)), key=lambda i: (trials[i]["cider"], -i))
-    return {**captioner.decoding, **combinations[best]}, trials
+        return {**{m: scores[m] for m in ("bleu1", "bleu2", "bleu3", "bleu4", "cider")}, "words": words}
+
+    return choose_from_grid(captioner.decoding, grid, score, "cider")

@@ -31,7 +31,7 @@ from scratchformer.tasks.common import (
     check_files,
     check_model_fields,
     check_range,
-    decoding_combinations,
+    choose_from_grid,
     label_smoothed_loss,
     pad_ids,
 )
@@ -330,13 +330,12 @@ def choose_decoding(
     "length_penalty": [0.6, 1.0]}``) on top of the translator's decoding; return the decoding with
     the highest sacreBLEU (the first of equals) and every combination's scores. Pass validation
     pairs: choosing on the test set would report an optimistic score."""
-    combinations, trials = decoding_combinations(grid), []
-    for options in combinations:
-        decoding = {**translator.decoding, **options}
+
+    def score(decoding: dict[str, Any]) -> dict[str, Any]:
         trial = Translator(
             translator.model, translator.tokenizer, decoding, translator.device, translator.special_ids
         )
         scores = trial.evaluate(sources, references)
-        trials.append({**options, "bleu": scores["bleu"], "chrf": scores["chrf"]})
-    best = max(range(len(trials)), key=lambda i: (trials[i]["bleu"], -i))
-    return {**translator.decoding, **combinations[best]}, trials
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return choose_from_grid(translator.decoding, grid, score, "bleu")
