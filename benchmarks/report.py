@@ -90,6 +90,9 @@ def write_markdown(
         )
     for group in groups:
         lines += ["", f"## {group.title}", ""]
+        if not group.cases:  # a group not run: its note says why
+            lines += [f"({group.note})"]
+            continue
         if group.note:
             lines += [f"({group.note}; {group.repeats} rounds)", ""]
         else:

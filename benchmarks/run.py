@@ -27,6 +27,7 @@ import torch
 from benchmarks.harness import Group, run_group
 from benchmarks.report import machine_description, targets, write_markdown, write_png
 from benchmarks.suite import BUILDERS, GROUPS, ONCE, PRECISIONS, SIZES, Size
+from scratchformer.training.precision import native_bf16
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -89,6 +90,17 @@ def run_builder(name: str, size: Size, device: str, precision: str, threads: int
     return groups
 
 
+def emulated_bf16(name: str, precision: str, device: torch.device) -> Group | None:
+    """A note in place of a bf16 group (or of the bf16-vs-fp32 group) on a device that would emulate
+    bf16 (:func:`~scratchformer.training.precision.native_bf16`), many times slower than fp32;
+    None: run it."""
+    if not (precision == "bf16" or name == "precision") or native_bf16(device):
+        return None
+    why = "this CPU has no AMX or AVX512_BF16" if device.type == "cpu" else f"{device} has no native bf16"
+    note = f"not run: {why}, so bf16 is emulated there, about 20x slower than fp32"
+    return Group(name, [], repeats=0, note=note, precision=precision)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     args = parse_args(argv)
     if args.threads:
@@ -106,7 +118,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     for name in args.groups:
         for precision in [""] if name in ONCE else args.precisions:
             job = (name, size, str(args.device), precision, args.threads)
-            if args.in_process:
+            skipped = emulated_bf16(name, precision, args.device)
+            if skipped:  # hours of emulated bf16 would measure nothing worth having: the row says so
+                groups.append(skipped)
+            elif args.in_process:
                 groups += run_builder(*job)
             else:  # a fresh process: no group inherits another's allocator state or warm caches
                 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as worker:

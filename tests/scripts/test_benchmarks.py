@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import run
 from benchmarks.harness import Case, Group, run_group
@@ -14,27 +15,29 @@ from benchmarks.suite import padded_lengths
 
 
 def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
+    """Every row in both precisions; where this CPU would emulate bf16 (AVX2 only), the bf16 groups
+    are a note instead (test_bf16_rows_are_a_note_where_bf16_would_be_emulated), the rest the same."""
+    native = run.native_bf16(torch.device("cpu"))
     groups = "peak,inference,training,seq2seq,decoding,precision"
     raw = run.main(
         ["--size", "smoke", "--only", groups, "--repeats", "2", "--in-process", "--out", str(tmp_path)]
     )
     md = (tmp_path / "smoke-cpu.md").read_text()
+    bf16 = ("encoder inference B4xT16, bf16", "encoder training step (forward, backward, AdamW), bf16")
+    bf16 += ("decoding batch 2, 4 new tokens, bf16", "bf16 vs fp32")
     for header in (
         "matmul peak",
         "encoder inference B4xT16, 25% padding, fp32",
-        "encoder inference B4xT16, bf16",
-        "encoder training step (forward, backward, AdamW), bf16",
         "encoder-decoder training step",
-        "decoding batch 2, 4 new tokens, bf16",
-        "bf16 vs fp32",
         "Targets (issue 17)",
+        *(bf16 if native else ("## inference, bf16\n\n(not run: this CPU has no AMX or AVX512_BF16",)),
     ):
         assert header in md
     assert (tmp_path / "smoke-cpu.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "smoke-cpu.json").read_text())
     assert saved["command"] == raw["command"]
     cases = [c for g in saved["groups"] for c in g["cases"]]
-    assert len(cases) >= 80
+    assert len(cases) >= (80 if native else 45)  # (fp32 rows, the peak's two)
     assert all(
         len(c["times_s"]) == g["repeats"] >= 2 and min(c["times_s"]) > 0
         for g in saved["groups"]
@@ -52,30 +55,23 @@ def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
     by_precision = {
         p: [c for g in saved["groups"] if g["precision"] == p for c in g["cases"]] for p in ("fp32", "bf16")
     }
-    assert len(by_precision["fp32"]) == len(by_precision["bf16"]) >= 40  # every row in both precisions
+    assert len(by_precision["fp32"]) >= 40
+    assert len(by_precision["bf16"]) == (len(by_precision["fp32"]) if native else 0)  # both, or a note
     assert all(c["precision"] == p for p, cs in by_precision.items() for c in cs)
     targets = saved["targets"]
     assert targets and all(t["value"] > 0 for t in targets)
-    assert {t["target"].split(": ")[0].rsplit(", ", 1)[-1] for t in targets} == {"fp32", "bf16"}
+    precisions = {"fp32", "bf16"} if native else {"fp32"}
+    assert {t["target"].split(": ")[0].rsplit(", ", 1)[-1] for t in targets} == precisions
 
 
 def test_one_precision_and_the_compile_time(tmp_path: Path) -> None:
+    # bf16 where this CPU computes it, else fp32 (emulated bf16 would take minutes here)
+    p, other = ("bf16", "fp32") if run.native_bf16(torch.device("cpu")) else ("fp32", "bf16")
     run.main(
-        [
-            "--size",
-            "smoke",
-            "--only",
-            "compile",
-            "--precision",
-            "bf16",
-            "--repeats",
-            "1",
-            "--out",
-            str(tmp_path),
-        ]
+        ["--size", "smoke", "--only", "compile", "--precision", p, "--repeats", "1", "--out", str(tmp_path)]
     )
-    md = (tmp_path / "smoke-cpu-bf16.md").read_text()
-    assert "torch.compile vs eager, bf16" in md and "fp32" not in md.split("## ", 2)[-1]
+    md = (tmp_path / f"smoke-cpu-{p}.md").read_text()
+    assert f"torch.compile vs eager, {p}" in md and other not in md.split("## ", 2)[-1]
     assert re.search(r"the first call compiled in \d+\.\d s", md)
 
 
@@ -126,3 +122,18 @@ def test_profile_of_one_row_names_every_implementation(tmp_path: Path) -> None:
     assert "aten::" in text
     with pytest.raises(SystemExit):
         profile.main(["--size", "smoke", "--group", "training", "--row", "B9xT9", "--out", str(tmp_path)])
+
+
+def test_bf16_rows_are_a_note_where_bf16_would_be_emulated(monkeypatch) -> None:
+    """On a CPU without native bf16 the bf16 groups (and bf16 vs fp32) are not run, and say why."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(run, "native_bf16", lambda device: False)
+    for name, precision in (("inference", "bf16"), ("training", "bf16"), ("precision", "")):
+        group = run.emulated_bf16(name, precision, cpu)
+        assert group is not None and not group.cases and "no AMX or AVX512_BF16" in group.note
+    assert run.emulated_bf16("inference", "fp32", cpu) is None
+    monkeypatch.setattr(run, "native_bf16", lambda device: True)
+    assert (
+        run.emulated_bf16("inference", "bf16", cpu) is None
+        and run.emulated_bf16("precision", "", cpu) is None
+    )

@@ -62,4 +62,4 @@ class PatchEmbedding(nn.Module):
         B, C, P, G = images.shape[0], self.channels, self.patch_size, self.grid
         patches = images.reshape(B, C, G, P, G, P).permute(0, 2, 4, 1, 3, 5).reshape(B, G * G, C * P * P)
         position = (self.row[:, None, :] + self.col[None, :, :]).reshape(G * G, -1)  # (N, D), row-major
-        return self.proj(patches) + position
+        return self.proj(patches.to(self.proj.weight.dtype)) + position  # (pixels in the model's dtype)

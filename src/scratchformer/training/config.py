@@ -14,7 +14,7 @@ from scratchformer.training.schedule import SCHEDULES
 
 __all__ = ["RESUME_FIXED", "TrainConfig"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp64")  # see training/precision.py
 # TrainConfig's integer counts and their least values (seed may be any integer, max_steps also None)
 AT_LEAST = {
     "epochs": 1,
@@ -68,7 +68,10 @@ class TrainConfig:
         min_lr_ratio: floor of cosine/linear decay, as a fraction of ``lr``, in [0, 1].
         grad_clip: max global gradient norm, > 0 (None: no clipping).
         grad_accum: micro-batches per optimizer step (>= 1).
-        precision: "fp32", "bf16" (autocast; CPU or GPU) or "fp16" (autocast + GradScaler; GPU).
+        precision: "auto" (bf16 where the device computes it natively, else fp32: see
+            :mod:`~scratchformer.training.precision`), "fp32", "bf16" (autocast; CPU or GPU),
+            "fp16" (autocast + GradScaler; GPU) or "fp64" (weights and arithmetic in float64: for
+            tests, the same numbers on any CPU).
         eval_every: evaluate every N steps (0: only at the end); the best checkpoint is kept.
         best_metric: which evaluation metric picks the best checkpoint (one the task reports).
         best_mode: "max" (higher ``best_metric`` is better) or "min".
@@ -133,6 +136,8 @@ class TrainConfig:
             self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
         if isinstance(self.out_dir, os.PathLike):
             self.out_dir = os.fspath(self.out_dir)  # (saved in config.json)
+        if isinstance(self.out_dir, str) and not self.out_dir.strip():  # "" would be the working folder
+            raise ValueError(f"out_dir must name a folder (e.g. runs/imdb), got {self.out_dir!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULES:
@@ -159,7 +164,13 @@ class TrainConfig:
                 setattr(self, name, int(value) if isinstance(value, numbers.Integral) else float(value))
 
     def _check_ranges(self) -> None:
-        """The numbers that would train silently wrong: a zero learning rate, betas of 1, ..."""
+        """The numbers that would train silently wrong: a zero learning rate, betas of 1, NaN or
+        infinity in any number (named: "lr must be a finite number, got nan"), ..."""
+        for name in typing.get_type_hints(TrainConfig):
+            value = getattr(self, name)
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise ValueError(f"{name} must be a finite number, got {value!r}")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.grad_clip is not None and not self.grad_clip > 0:

@@ -55,6 +55,7 @@ from scratchformer.training.checkpoint import (
 from scratchformer.training.config import TrainConfig
 from scratchformer.training.metrics import RunLog, plot_curves
 from scratchformer.training.optimizer import adamw, optimizer_step
+from scratchformer.training.precision import bf16_warning, resolve_precision
 from scratchformer.training.run_checks import (
     LOCK,
     check_run,
@@ -128,12 +129,13 @@ class Trainer:
         self.out_dir = Path(config.out_dir)
         self.world = distributed.init(config.device)  # one process without torchrun: nothing started
         self.device = resolve_device(config.device)
-        if config.precision == "fp16" and self.device.type != "cuda":
+        self.precision = resolve_precision(config.precision, self.device)  # "auto": bf16 where native
+        if self.precision == "fp16" and self.device.type != "cuda":
             raise ValueError("precision 'fp16' needs a CUDA device (GradScaler); use 'bf16' on CPU")
         self.log = RunLog(self.out_dir, tensorboard=config.tensorboard)  # (rank 0 writes it)
 
     def _autocast(self) -> torch.autocast:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.precision)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
     def evaluate(self) -> dict[str, float]:
@@ -149,7 +151,8 @@ class Trainer:
         Under torchrun only rank 0 writes (every rank holds the same weights)."""
         if not self.world.is_main:
             return
-        config = dict(self.task.checkpoint_config(), training=asdict(self.config))
+        training = dict(asdict(self.config), precision=self.precision)  # what it ran in ("auto" resolved)
+        config = dict(self.task.checkpoint_config(), training=training)
         save_checkpoint(self.out_dir / name, self.model, config, training_state, self.task.save_files)
 
     def average_last(self, n: int, best: dict[str, float] | None) -> tuple[str, dict[str, float]]:
@@ -239,6 +242,8 @@ class Trainer:
         torch.manual_seed(c.seed + self.world.rank)
         random.seed(c.seed + self.world.rank)
         self.model.to(self.device)
+        if self.precision == "fp64":
+            self.model.double()
         self.model.train()
         check_run(c, resume)  # (the tasks ran it already, before their data work)
         if (
@@ -253,6 +258,8 @@ class Trainer:
             self.log.start(
                 run.step
             )  # a resumed run's log is cut back to its step; a fresh run's starts empty
+        if self.world.is_main:
+            self._announce(run)
         run.start = run.window_start = time.perf_counter()
         run.bar = tqdm(
             total=run.total,
@@ -263,6 +270,21 @@ class Trainer:
             mininterval=1.0,
         )
         return run
+
+    def _announce(self, run: Run) -> None:
+        """Say, before the first step, where and how the run computes (with the progress bar), and
+        warn (always) where bf16 will be emulated, many times slower than fp32."""
+        c = self.config
+        warning = bf16_warning(self.precision, self.device)
+        if warning:
+            print(warning, file=sys.stderr)
+        if c.progress:
+            asked = " (auto)" if c.precision == "auto" else ""
+            print(
+                f"training on {self.device}, precision {self.precision}{asked}, "
+                f"{torch.get_num_threads()} threads, steps {run.step}..{run.total}",
+                file=sys.stderr,
+            )
 
     def _new_run(self) -> Run:
         """The optimisation of a fresh run: the model the steps call (DDP under torchrun), AdamW,
@@ -277,7 +299,7 @@ class Trainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_multiplier(c.schedule, c.warmup_steps, total, c.min_lr_ratio)
         )
-        scaler = torch.amp.GradScaler("cuda", enabled=c.precision == "fp16")
+        scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         return Run(train_model, optimizer, scheduler, scaler, total, shards)
 
     def _resume(self, run: Run, state: dict[str, Any]) -> None:
