@@ -9,7 +9,9 @@ decoding, detokenising), with the checkpoint's decoding (beam, length penalty, a
 tokens), each in a fresh process with the same thread count: batch 32 (sources sorted by length, as
 ``scratchformer translate`` batches them) and batch 1 (latency p50/p95). Writes
 ``benchmarks/results/serving-<machine>.md`` and ``.json``; ratios are against ours in fp32 measured
-in the same run.
+in the same run. "lines = ours fp32" counts the lines identical to ours in fp32 up to ties: equal
+texts, or texts our fp32 model scores within 1e-4 of each other (length-normalised log-probability,
+the beam's ranking score: tasks/translation/ties.py); how many of them are ties is a column of its own.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class Row:
     batch1_p50_ms: float = 0.0
     batch1_p95_ms: float = 0.0
     bleu: float = 0.0
-    identical_to_ours: float = 0.0  # the share of lines equal to ours in fp32 (batch 32)
+    identical_to_ours: float = 0.0  # the share of lines equal to ours in fp32 (batch 32), up to ties
+    tied_with_ours: int = 0  # of them, lines that differ but score within 1e-4 by our fp32 model
     notes: list[str] = field(default_factory=list)
 
 
@@ -155,7 +158,7 @@ def ctranslate2_engine(folder: Path, tools: Tools, compute_type: str, threads: i
     import ctranslate2
     from transformers import AutoTokenizer
 
-    from scratchformer.models.ctranslate2_export import ctranslate2_options
+    from scratchformer.formats.ctranslate2_export import ctranslate2_options
 
     engine = ctranslate2.Translator(
         str(folder), device="cpu", compute_type=compute_type, intra_threads=threads
@@ -217,6 +220,7 @@ def translation_rows(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any
 
     translator = load_translator(args.checkpoint, device="cpu")
     tools = Tools(translator, [])
+    texts = read_lines(Path(args.data) / "multi30k" / "test_2016_flickr.de.gz", args.sentences)
     rows, outputs = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         translator.save_pretrained(Path(tmp) / "hf", "hf")
@@ -228,18 +232,30 @@ def translation_rows(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any
             rows.append(row)
     reference = outputs["scratchformer fp32"]
     for row in rows:
-        row.identical_to_ours = sum(a == b for a, b in zip(outputs[row.system], reference)) / len(reference)
+        same_as_ours(row, translator, texts, reference, outputs[row.system])
     settings = {"sentences": len(reference), "beam": tools.beam, "length_penalty": tools.length_penalty}
+    settings["ties_within"] = 1e-4  # lines = ours: identical, or scored within this by our fp32 model
     return rows, settings | {"max_new_tokens": f"{tools.a} * S + {tools.b}", "batch1_sentences": args.batch1}
+
+
+def same_as_ours(row: Row, translator, texts: list[str], ours: list[str], theirs: list[str]) -> None:
+    """The row's share of lines identical to ours up to ties, and its tied lines (with their scores
+    in the row's notes)."""
+    from scratchformer.tasks.translation.ties import same_translations_up_to_ties
+
+    report = same_translations_up_to_ties(translator, texts, ours, theirs)
+    row.identical_to_ours, row.tied_with_ours = report.share, len(report.tied)
+    for d in report.tied[:3]:
+        row.notes.append(f"tied, line {d.line}: ours {d.ours_score:.6f}, it {d.theirs_score:.6f}")
 
 
 def classifier_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """ONNX Runtime against ours for the encoder classifier of recipes/imdb.json (its size, random
     weights): batch 32 x 256 tokens and batch 1 x 64, same threads."""
     from scratchformer.fast import optimize
+    from scratchformer.formats.onnx_export import export_classifier_onnx, onnx_session
     from scratchformer.models.classifier import ClassifierConfig, TextClassifier
     from scratchformer.models.contextual import EncoderConfig
-    from scratchformer.models.onnx_export import export_classifier_onnx, onnx_session
 
     recipe = json.loads((Path(__file__).resolve().parents[1] / "recipes" / "imdb.json").read_text())
     encoder = {
@@ -302,8 +318,8 @@ def write_markdown(path: Path, rows: list[Row], settings: dict[str, Any], classi
         f"Settings: {json.dumps(settings)}. Ratios: ours in fp32 over the system (above 1: ours is faster).",
         "",
         "| system | batch 32 sent/s | tokens/s | ours fp32 / it | batch 1 sent/s | p50 ms | p95 ms"
-        " | ours fp32 / it (batch 1) | BLEU | lines = ours fp32 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | ours fp32 / it (batch 1) | BLEU | lines = ours fp32 (up to ties) | of them tied |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -311,7 +327,7 @@ def write_markdown(path: Path, rows: list[Row], settings: dict[str, Any], classi
             f"| {base.batch32_sentences_s / r.batch32_sentences_s:.2f}x | {r.batch1_sentences_s:.1f} "
             f"| {r.batch1_p50_ms:.1f} | {r.batch1_p95_ms:.1f} "
             f"| {base.batch1_sentences_s / r.batch1_sentences_s:.2f}x "
-            f"| {r.bleu:.2f} | {100 * r.identical_to_ours:.1f}% |"
+            f"| {r.bleu:.2f} | {100 * r.identical_to_ours:.1f}% | {r.tied_with_ours} |"
         )
     if classifier:
         lines += [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from scratchformer.models.pretrained import default_model_dir
+from scratchformer.formats.hf_bert import default_model_dir
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
 

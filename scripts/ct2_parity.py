@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from scratchformer.data.parallel_texts import load_parallel_texts  # noqa: E402
 from scratchformer.data.tokenization import save_hf_tokenizer  # noqa: E402
-from scratchformer.models.ctranslate2_export import translate_like_ours, write_ctranslate2  # noqa: E402
+from scratchformer.formats.ctranslate2_export import translate_like_ours, write_ctranslate2  # noqa: E402
 from scratchformer.tasks.translation import Translator, bleu_and_chrf, load_translator  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "multi30k"

@@ -25,7 +25,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from scratchformer.models.pretrained import default_model_dir, load_bert_encoder  # noqa: E402
+from scratchformer.formats.hf_bert import default_model_dir, load_bert_encoder  # noqa: E402
 from scratchformer.tasks.sentence_embedding import SentenceEncoder  # noqa: E402
 
 

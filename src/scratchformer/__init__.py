@@ -1,8 +1,8 @@
 """scratchformer: the Transformer of "Attention Is All You Need", from scratch in PyTorch.
 
-The package is layered (see docs/design.md): core/ is the paper; fast/ and
-generation/ build on it; models/, data/, tasks/, tools/ and training/ sit above. This module
-re-exports the public API only.
+The package is layered (see docs/design.md): core/ is the paper; fast/ and generation/ build on
+it; models/ (with formats/, their outside formats, beside it), data/, tasks/, tools/ and training/
+sit above. This module re-exports the public API only.
 
 Mask convention everywhere: bool tensors, True = may attend (see :mod:`scratchformer.core.masks`).
 Shape letters: B batch, S source length, T target length, D model width, H heads, V vocabulary.
@@ -24,6 +24,8 @@ from scratchformer.core.masks import causal_mask, combine_masks, padding_mask
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.tokenization import TextTokenizer, TokenBatch
 from scratchformer.fast import optimize
+from scratchformer.formats.hf_bert import CheckpointError, load_bert_encoder
+from scratchformer.formats.marian import load_marian
 from scratchformer.generation import (
     DecoderCache,
     DecoderLayerCache,
@@ -36,11 +38,9 @@ from scratchformer.generation import (
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig, EncoderEmbedding
-from scratchformer.models.marian import load_marian
 from scratchformer.models.masked_lm import MaskedLanguageModel, MaskedLMHead
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.models.pooling import masked_mean, pool
-from scratchformer.models.pretrained import CheckpointError, load_bert_encoder
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
 __version__ = "0.10.0"

@@ -12,10 +12,10 @@ import torch
 from scratchformer import __version__
 from scratchformer.cli import EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED, main, tools
 from scratchformer.cli.options import checkpoint_kind
+from scratchformer.formats.hf_bert import bert_config, load_bert_encoder
+from scratchformer.formats.hf_files import CheckpointError, write_export
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.models.hf_files import CheckpointError, write_export
-from scratchformer.models.pretrained import bert_config, load_bert_encoder
 from scratchformer.tasks.classification import LoadedClassifier, load_classifier
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "v0.1.0"

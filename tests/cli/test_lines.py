@@ -207,7 +207,7 @@ def test_errors_before_work_exit_with_code_2(monkeypatch, capsys, tmp_path) -> N
     code, _, err = run(monkeypatch, capsys, ["caption", "--checkpoint", str(CAPTIONING), str(bad)])
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
     monkeypatch.delenv("SCRATCHFORMER_MODEL", raising=False)
-    monkeypatch.setattr("scratchformer.models.pretrained.default_model_dir", lambda: None)
+    monkeypatch.setattr("scratchformer.formats.hf_bert.default_model_dir", lambda: None)
     code, _, err = run(monkeypatch, capsys, ["embed", "a text"])
     assert (
         code == 2

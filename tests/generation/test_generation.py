@@ -1,7 +1,7 @@
 """generate() and GenerationConfig: sampling (temperature, top-k, top-p) against the renormalised
 distributions of a hand-built model with known next-token probabilities; the limits that equal
 greedy search; seeds; the repetition rules, the minimum length and forced prefixes; every option
-checked. (Token-for-token agreement with Hugging Face's generate: tests/models/test_hf_checkpoints.py.)"""
+checked. (Token-for-token agreement with Hugging Face's generate: tests/formats/test_hf_checkpoints.py.)"""
 
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ from scratchformer.data.labelled_texts import load_texts
 from scratchformer.data.masking import IGNORE, continuation_table, mask_tokens
 from scratchformer.data.tokenization import train_wordpiece
 from scratchformer.fast import optimize
-from scratchformer.models.classifier import TextClassifier
+from scratchformer.formats.hf_bert import load_bert_encoder, masked_lm_export
+from scratchformer.formats.hf_classifier import classifier_from_pretrained
 from scratchformer.models.contextual import EncoderConfig
 from scratchformer.models.masked_lm import MaskedLanguageModel
-from scratchformer.models.pretrained import load_bert_encoder, masked_lm_export
 from scratchformer.tasks.classification import ClassifierRecipe
 from scratchformer.tasks.masked_lm import MaskedLMTask, MLMRecipe, Sequences, load_masked_lm, pretrain_mlm
 from scratchformer.tasks.sentence_embedding import SentenceEncoder
@@ -217,7 +217,7 @@ def test_the_exported_encoder_loads_into_the_classifier_and_the_sentence_encoder
     tokens = torch.tensor([tokenizer.encode("w1 w2 w3 w4").ids])
     expected = model.encoder(tokens)
 
-    classifier = TextClassifier.from_pretrained_encoder(export, num_classes=3, dropout=0.2).eval()
+    classifier = classifier_from_pretrained(export, num_classes=3, dropout=0.2).eval()
     assert classifier.config.encoder.dropout == 0.2 and classifier.config.encoder.num_layers == 2
     torch.testing.assert_close(classifier.encoder(tokens), expected, atol=1e-5, rtol=1e-5)
 
@@ -236,7 +236,7 @@ def test_the_exported_encoder_loads_into_the_classifier_and_the_sentence_encoder
 @pytest.mark.parametrize("positional, scale", [("learned", False), ("sinusoidal", True)])
 def test_bert_for_masked_lm_reproduces_our_logits(tmp_path: Path, positional: str, scale: bool) -> None:
     transformers = pytest.importorskip("transformers")
-    from scratchformer.models.hf_files import write_export
+    from scratchformer.formats.hf_files import write_export
 
     torch.manual_seed(0)
     model = MaskedLanguageModel(

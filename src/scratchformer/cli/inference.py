@@ -53,7 +53,7 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from scratchformer.models.pretrained import refuse_engine_export
+    from scratchformer.formats.hf_bert import refuse_engine_export
     from scratchformer.tasks.translation import load_translator, read_lines
 
     options = generation_options(args)
@@ -124,7 +124,7 @@ def _caption(args: argparse.Namespace) -> int:
     import torch
 
     from scratchformer.data.captions import UNK, tokenize_caption
-    from scratchformer.models.pretrained import refuse_engine_export
+    from scratchformer.formats.hf_bert import refuse_engine_export
     from scratchformer.tasks.captioning.ensemble import load_ensemble
 
     options = generation_options(args)
@@ -247,7 +247,7 @@ def _add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _sentence_encoder(args: argparse.Namespace):
-    from scratchformer.models.pretrained import default_model_dir
+    from scratchformer.formats.hf_bert import default_model_dir
     from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
     model = args.model or default_model_dir()

@@ -233,9 +233,9 @@ def checkpoint_kind(checkpoint: str) -> str:
     model, our classifier export (and any ``BertForSequenceClassification``) a text classifier. An
     ONNX or CTranslate2 export is an error saying how to run it; any other directory one naming what
     it holds (a Hugging Face export, or a config.json with no kind) and what the commands take."""
-    from scratchformer.models.classifier import is_classifier_export
-    from scratchformer.models.marian import is_marian_dir
-    from scratchformer.models.pretrained import refuse_engine_export
+    from scratchformer.formats.hf_bert import refuse_engine_export
+    from scratchformer.formats.hf_classifier import is_classifier_export
+    from scratchformer.formats.marian import is_marian_dir
     from scratchformer.training.checkpoint import foreign_checkpoint, load_config, resolve_checkpoint
 
     refuse_engine_export(checkpoint)

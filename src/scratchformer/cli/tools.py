@@ -176,7 +176,7 @@ def add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from scratchformer.models.hf_files import check_new_directory
+    from scratchformer.formats.hf_files import check_new_directory
 
     check_new_directory(args.out)  # before any loading
     kind = _export_kind(args.checkpoint, args.format)

@@ -1,3 +1,4 @@
-"""Models built from core/: the contextual (BERT-family) encoder, the text classifier, the image
-captioning Transformer with its patch embedding, the frozen pretrained image encoder, and the
-pretrained-weight maps."""
+"""Models built from core/: the contextual (BERT-family) encoder, the text classifier, the masked
+language model, the image captioning Transformer with its patch embedding, the pooling, and the
+frozen pretrained image encoder. Their outside formats (Hugging Face, Marian, CTranslate2, ONNX)
+live in :mod:`scratchformer.formats`."""

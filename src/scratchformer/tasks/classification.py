@@ -28,18 +28,17 @@ from scratchformer.data.tokenization import (
     train_wordpiece,
 )
 from scratchformer.fast import optimize
-from scratchformer.models.classifier import (
-    POOLINGS,
-    ClassifierConfig,
-    TextClassifier,
+from scratchformer.formats.hf_bert import refuse_engine_export
+from scratchformer.formats.hf_classifier import (
+    classifier_from_pretrained,
     hf_classifier_export,
     is_classifier_export,
     load_classifier_export,
 )
+from scratchformer.formats.hf_files import write_export
+from scratchformer.formats.onnx_export import export_classifier_onnx
+from scratchformer.models.classifier import POOLINGS, ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.models.hf_files import write_export
-from scratchformer.models.onnx_export import export_classifier_onnx
-from scratchformer.models.pretrained import refuse_engine_export
 from scratchformer.tasks.common import TrainingRun, check_batch, check_files, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed, resolve_device
 from scratchformer.training.checkpoint import (
@@ -327,7 +326,7 @@ class ClassifierRun(TrainingRun):
     def pretrained_classifier(self) -> tuple[TextClassifier, TextTokenizer]:
         """A class head on the pretrained encoder, with the encoder's tokenizer."""
         c = self.recipe
-        model = TextClassifier.from_pretrained_encoder(
+        model = classifier_from_pretrained(
             c.pretrained, len(self.label_names), c.pooling, c.head_dropout, **c.model
         )
         tokenizer = TextTokenizer.from_file(

@@ -3,7 +3,7 @@ recipe -> WordPiece -> MaskedLanguageModel -> Trainer -> a BERT checkpoint direc
 
     recipe = MLMRecipe.from_json("recipes/imdb_mlm.json")
     report = pretrain_mlm(recipe)        # trains; writes runs/imdb_mlm/encoder (BertForMaskedLM format)
-    clf = TextClassifier.from_pretrained_encoder("runs/imdb_mlm/encoder", num_classes=2)
+    clf = classifier_from_pretrained("runs/imdb_mlm/encoder", num_classes=2)  # formats.hf_classifier
     sentences = SentenceEncoder.from_pretrained("runs/imdb_mlm/encoder")
 
 Every text becomes one or more sequences ``[CLS] piece [SEP]`` of at most ``max_length`` tokens
@@ -31,10 +31,10 @@ from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR, load_texts
 from scratchformer.data.masking import IGNORE, check_masking, continuation_table, mask_tokens
 from scratchformer.data.tokenization import SPECIAL_TOKENS, read_tokenizer, save_hf_tokenizer, train_wordpiece
+from scratchformer.formats.hf_bert import bert_problems, masked_lm_export
+from scratchformer.formats.hf_files import write_export
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.models.hf_files import write_export
 from scratchformer.models.masked_lm import MaskedLanguageModel
-from scratchformer.models.pretrained import bert_problems, masked_lm_export
 from scratchformer.tasks.common import TrainingRun, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed
 from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
@@ -368,7 +368,7 @@ def export_masked_lm(checkpoint: str | Path, directory: str | Path, format: str 
         raise ValueError(f"format: expected 'hf' or 'onnx', got {format!r}")
     model, tokenizer, config = load_masked_lm(checkpoint)
     if format == "onnx":
-        from scratchformer.models.onnx_export import export_masked_lm_onnx
+        from scratchformer.formats.onnx_export import export_masked_lm_onnx
 
         return export_masked_lm_onnx(model, tokenizer, directory)
     hf_config, state = masked_lm_export(model)

@@ -13,15 +13,15 @@ from tqdm.auto import tqdm
 
 from scratchformer.data.tokenization import TextTokenizer
 from scratchformer.fast import optimize
-from scratchformer.models.contextual import ContextualEncoder
-from scratchformer.models.pooling import pool
-from scratchformer.models.pretrained import (
+from scratchformer.formats.hf_bert import (
     CheckpointError,
     load_bert_encoder,
     read_json,
     refuse_engine_export,
     require_file,
 )
+from scratchformer.models.contextual import ContextualEncoder
+from scratchformer.models.pooling import pool
 
 __all__ = ["SentenceEncoder", "is_sentence_encoder_dir"]
 
@@ -156,8 +156,8 @@ class SentenceEncoder:
     def save_onnx(self, directory: str | Path) -> Path:
         """Write the encoder with its pooling and normalisation as one ONNX graph (input_ids,
         attention_mask (B, L) -> sentence_embedding (B, D)) with tokenizer.json, into a new
-        ``directory`` (see :func:`~scratchformer.models.onnx_export.export_sentence_encoder_onnx`)."""
-        from scratchformer.models.onnx_export import export_sentence_encoder_onnx
+        ``directory`` (see :func:`~scratchformer.formats.onnx_export.export_sentence_encoder_onnx`)."""
+        from scratchformer.formats.onnx_export import export_sentence_encoder_onnx
 
         return export_sentence_encoder_onnx(
             self.encoder, self.tokenizer, directory, self.pooling, self.normalize

@@ -20,12 +20,12 @@ from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.marian_tokenizer import MarianTokenizer
 from scratchformer.data.tokenization import BPE_SPECIAL_TOKENS, read_tokenizer, save_hf_tokenizer
 from scratchformer.fast import optimize
+from scratchformer.formats.ctranslate2_export import write_ctranslate2
+from scratchformer.formats.hf_files import write_export
+from scratchformer.formats.hf_generation import hf_generation_config, model_card
+from scratchformer.formats.marian import is_marian_dir, load_marian, marian_export
+from scratchformer.formats.onnx_translator import export_translator_onnx
 from scratchformer.generation import GenerationConfig, generate
-from scratchformer.models.ctranslate2_export import write_ctranslate2
-from scratchformer.models.hf_files import write_export
-from scratchformer.models.hf_generation import hf_generation_config, model_card
-from scratchformer.models.marian import is_marian_dir, load_marian, marian_export
-from scratchformer.models.onnx_translator import export_translator_onnx
 from scratchformer.tasks.common import (
     Generated,
     check_batch,
@@ -217,7 +217,7 @@ class Translator:
         - "ctranslate2": a ``ctranslate2.Translator`` directory (``quantization``: its weights' type on
           disk) with the tokenizer and a README.md;
         - "onnx": encoder.onnx and decoder.onnx (one token a step, with past key/values) with the
-          tokenizer, for onnxruntime (:class:`~scratchformer.models.onnx_translator.OnnxTranslator`).
+          tokenizer, for onnxruntime (:class:`~scratchformer.formats.onnx_translator.OnnxTranslator`).
 
         Raises ``ValueError`` naming every option of the model the format cannot express, or a
         decoding option that is wrong."""

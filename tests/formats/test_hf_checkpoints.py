@@ -28,12 +28,12 @@ from scratchformer.core.embedding import SinusoidalPositionalEncoding, sinusoida
 from scratchformer.core.transformer import Transformer, TransformerConfig  # noqa: E402
 from scratchformer.data.marian_tokenizer import MarianTokenizer  # noqa: E402
 from scratchformer.data.tokenization import TextTokenizer, train_wordpiece  # noqa: E402
+from scratchformer.formats.hf_bert import load_bert_encoder  # noqa: E402
+from scratchformer.formats.hf_files import CheckpointError  # noqa: E402
+from scratchformer.formats.marian import load_marian  # noqa: E402
 from scratchformer.generation import GenerationConfig, beam_search, generate, greedy_decode  # noqa: E402
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier  # noqa: E402
 from scratchformer.models.contextual import EncoderConfig  # noqa: E402
-from scratchformer.models.hf_files import CheckpointError  # noqa: E402
-from scratchformer.models.marian import load_marian  # noqa: E402
-from scratchformer.models.pretrained import load_bert_encoder  # noqa: E402
 from scratchformer.tasks.classification import LoadedClassifier  # noqa: E402
 from scratchformer.tasks.sentence_embedding import SentenceEncoder  # noqa: E402
 from scratchformer.tasks.translation import Translator, load_translator, train_translation  # noqa: E402
@@ -826,7 +826,7 @@ def test_an_export_is_written_as_the_umask_says(tmp_path: Path) -> None:
 
     import torch
 
-    from scratchformer.models.hf_files import write_export
+    from scratchformer.formats.hf_files import write_export
 
     old = os.umask(0o022)
     try:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from scratchformer.core.embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from scratchformer.core.transformer import Transformer
-from scratchformer.models.hf_files import check_new_directory, write_directory
+from scratchformer.formats.hf_files import check_new_directory, write_directory
 
 __all__ = [
     "QUANTIZATIONS",

@@ -28,12 +28,8 @@ from scratchformer.core.attention import MultiHeadAttention  # noqa: E402
 from scratchformer.core.transformer import Transformer, TransformerConfig  # noqa: E402
 from scratchformer.data.tokenization import TextTokenizer, train_bpe, train_wordpiece  # noqa: E402
 from scratchformer.fast import optimize  # noqa: E402
-from scratchformer.generation import DecoderCache, KVCache, greedy_decode  # noqa: E402
-from scratchformer.models.classifier import ClassifierConfig, TextClassifier  # noqa: E402
-from scratchformer.models.contextual import ContextualEncoder, EncoderConfig  # noqa: E402
-from scratchformer.models.hf_files import write_directory  # noqa: E402
-from scratchformer.models.masked_lm import MaskedLanguageModel  # noqa: E402
-from scratchformer.models.onnx_export import (  # noqa: E402
+from scratchformer.formats.hf_files import write_directory  # noqa: E402
+from scratchformer.formats.onnx_export import (  # noqa: E402
     GraphAttention,
     OnnxTextModel,
     export_classifier_onnx,
@@ -42,7 +38,11 @@ from scratchformer.models.onnx_export import (  # noqa: E402
     export_sentence_encoder_onnx,
     onnx_session,
 )
-from scratchformer.models.onnx_translator import OnnxTranslator, export_translator_onnx  # noqa: E402
+from scratchformer.formats.onnx_translator import OnnxTranslator, export_translator_onnx  # noqa: E402
+from scratchformer.generation import DecoderCache, KVCache, greedy_decode  # noqa: E402
+from scratchformer.models.classifier import ClassifierConfig, TextClassifier  # noqa: E402
+from scratchformer.models.contextual import ContextualEncoder, EncoderConfig  # noqa: E402
+from scratchformer.models.masked_lm import MaskedLanguageModel  # noqa: E402
 from scratchformer.models.pooling import pool  # noqa: E402
 from scratchformer.tasks.classification import LoadedClassifier  # noqa: E402
 from scratchformer.tasks.common import pad_ids  # noqa: E402

@@ -12,7 +12,7 @@ with a key/value cache, the split of Hugging Face optimum's encoder / decoder-wi
 
 The decoder reads its position from the cache's length T; it takes one token per call (greedy search,
 sampling or beams reordering the cache rows all work on that). Graphs come from the core modules
-(:func:`~scratchformer.models.onnx_export.export_copy`), dynamo exporter, opset 18.
+(:func:`~scratchformer.formats.onnx_export.export_copy`), dynamo exporter, opset 18.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from scratchformer.core.transformer import Transformer
-from scratchformer.models.hf_files import check_new_directory, write_directory
-from scratchformer.models.onnx_export import (
+from scratchformer.formats.hf_files import check_new_directory, write_directory
+from scratchformer.formats.onnx_export import (
     DESCRIPTION,
     ONNX_OPSET,
     export_copy,
@@ -215,7 +215,7 @@ class OnnxTranslator:
     :meth:`~scratchformer.tasks.translation.Translator.translate` with ``beam_size=1``): start from
     bos; never bos or pad; stop at eos, forced after at most ``max_len_a * S + max_len_b`` new
     tokens (S: the padded source length of the batch; within the model's max_len); sources sorted by
-    length and batched. ``threads``: as :func:`~scratchformer.models.onnx_export.onnx_session`.
+    length and batched. ``threads``: as :func:`~scratchformer.formats.onnx_export.onnx_session`.
 
     Example:
         >>> OnnxTranslator("exports/multi30k-onnx").translate(["Ein Mann fährt Fahrrad."])

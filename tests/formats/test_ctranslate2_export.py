@@ -1,4 +1,4 @@
-"""Our translators as CTranslate2 models (models/ctranslate2_export.py), run by the engine itself
+"""Our translators as CTranslate2 models (formats/ctranslate2_export.py), run by the engine itself
 against our Translator: two tiny models trained here (pre-LN with final LayerNorms, post-LN; the
 paper's interleaved positions) translate toy sentences of many lengths identically, greedy and beam,
 up to ties (a line may differ only where our model scores both outputs within 1e-4: generation/
@@ -28,13 +28,13 @@ from tokenizers import Tokenizer  # noqa: E402
 
 from scratchformer.core.transformer import Transformer, TransformerConfig  # noqa: E402
 from scratchformer.data.tokenization import save_hf_tokenizer, train_bpe  # noqa: E402
-from scratchformer.generation.scoring import TieReport, same_up_to_ties  # noqa: E402
-from scratchformer.models import ctranslate2_export  # noqa: E402
-from scratchformer.models.ctranslate2_export import (  # noqa: E402
+from scratchformer.formats import ctranslate2_export  # noqa: E402
+from scratchformer.formats.ctranslate2_export import (  # noqa: E402
     ctranslate2_options,
     translate_like_ours,
     write_ctranslate2,
 )
+from scratchformer.generation.scoring import TieReport, same_up_to_ties  # noqa: E402
 from scratchformer.tasks.common import pad_ids  # noqa: E402
 from scratchformer.tasks.translation import Translator  # noqa: E402
 
@@ -417,7 +417,7 @@ def test_the_parity_script_reports(trained) -> None:
 def test_the_marian_layout_loads_back_as_it_was(trained, share, tie, tmp_path: Path) -> None:
     """The export's extra source row and its folded start token are undone on loading: the same
     sharing, sizes and function (marian_layout.undo_ctranslate2_layout)."""
-    from scratchformer.models.marian_layout import LAYOUT_KEY
+    from scratchformer.formats.marian_layout import LAYOUT_KEY
     from scratchformer.tasks.translation import load_translator
 
     tokenizer = trained["post"].tokenizer

@@ -25,7 +25,7 @@ the residual stream are permuted (sines first, then cosines) in every weight tha
 it. LayerNorm is blind to the order of coordinates and every other map just follows, so the
 exported network computes the same function (up to float rounding). The embeddings are laid out so
 that CTranslate2's ``ct2-transformers-converter`` reads the export as it reads opus-mt models and
-computes the same function too (:mod:`~scratchformer.models.marian_layout`).
+computes the same function too (:mod:`~scratchformer.formats.marian_layout`).
 
 Pre-LN models go in and out as Pegasus (``PegasusForConditionalGeneration``), Marian's pre-LN sibling:
 the same names, a LayerNorm before each sublayer, one after each stack (``model.encoder.layer_norm``,
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from scratchformer.core.attention import fuse_qkv
 from scratchformer.core.transformer import Transformer, TransformerConfig
-from scratchformer.models.hf_files import (
+from scratchformer.formats.hf_files import (
     CheckpointError,
     fit_state,
     model_type,
@@ -53,7 +53,7 @@ from scratchformer.models.hf_files import (
     read_weights,
     split_qkv,
 )
-from scratchformer.models.marian_layout import ctranslate2_layout, undo_ctranslate2_layout
+from scratchformer.formats.marian_layout import ctranslate2_layout, undo_ctranslate2_layout
 
 __all__ = ["is_marian_dir", "load_marian", "marian_config", "marian_export", "map_marian_weights"]
 
@@ -183,7 +183,7 @@ def _decoding(directory: Path, hf_config: dict[str, Any], config: TransformerCon
         **{k: v for k, v in hf_config.items() if k in ("num_beams", "max_length", "length_penalty")},
         **(read_json(path) if path.is_file() else {}),
     }
-    from scratchformer.models.hf_generation import read_decoding
+    from scratchformer.formats.hf_generation import read_decoding
 
     return read_decoding(gen, config.max_len, path)  # our export: the exact a * S + b rule
 
@@ -299,7 +299,7 @@ def _check_marian_can_express(model: Transformer) -> None:
 
 def _marian_state(model: Transformer, special: dict[str, int]) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Our state dict under Marian's names (W^Q, W^K, W^V split; interleaved positions permuted; the
-    embeddings as :func:`~scratchformer.models.marian_layout.ctranslate2_layout` lays them out),
+    embeddings as :func:`~scratchformer.formats.marian_layout.ctranslate2_layout` lays them out),
     and the config.json entries of that layout."""
     c = model.config
     state, hf_state = _layer_tensors(model)
@@ -390,6 +390,6 @@ def _marian_generation(
 ) -> dict[str, Any]:
     """generation_config.json: our decoding defaults, as generate() reads them (a * S + b: the
     largest limit any source gets, and the exact rule under keys of ours; see hf_generation)."""
-    from scratchformer.models.hf_generation import hf_generation_config
+    from scratchformer.formats.hf_generation import hf_generation_config
 
     return hf_generation_config(decoding, special, c.max_len)

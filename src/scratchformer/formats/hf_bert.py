@@ -43,8 +43,7 @@ from torch import Tensor
 
 from scratchformer.core.attention import fuse_qkv
 from scratchformer.core.embedding import sinusoidal_table
-from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
-from scratchformer.models.hf_files import (
+from scratchformer.formats.hf_files import (
     CheckpointError,
     fit_state,
     read_json,
@@ -52,6 +51,7 @@ from scratchformer.models.hf_files import (
     require_file,
     split_qkv,
 )
+from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
 from scratchformer.models.masked_lm import MaskedLanguageModel
 
 __all__ = [

@@ -36,9 +36,9 @@ from torch import Tensor, nn
 
 from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.core.masks import fold_causal
+from scratchformer.formats.hf_files import check_new_directory, write_directory
 from scratchformer.models.classifier import TextClassifier
 from scratchformer.models.contextual import ContextualEncoder
-from scratchformer.models.hf_files import check_new_directory, write_directory
 from scratchformer.models.masked_lm import MaskedLanguageModel
 from scratchformer.models.pooling import POOLING_MODES, pool
 

@@ -22,10 +22,11 @@ transformers = pytest.importorskip("transformers")
 
 from scratchformer.cli import main  # noqa: E402
 from scratchformer.data.tokenization import TextTokenizer, save_hf_tokenizer, train_wordpiece  # noqa: E402
+from scratchformer.formats.hf_bert import bert_export  # noqa: E402
+from scratchformer.formats.hf_classifier import classifier_from_pretrained  # noqa: E402
+from scratchformer.formats.hf_files import CheckpointError, write_export  # noqa: E402
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier  # noqa: E402
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig  # noqa: E402
-from scratchformer.models.hf_files import CheckpointError, write_export  # noqa: E402
-from scratchformer.models.pretrained import bert_export  # noqa: E402
 from scratchformer.tasks.classification import LoadedClassifier, load_classifier  # noqa: E402
 from scratchformer.training.checkpoint import save_checkpoint  # noqa: E402
 
@@ -296,20 +297,20 @@ def test_pooler_training_from_a_pretrained_encoder(tmp_path: Path) -> None:
     tokenizer = tiny_classifier().tokenizer
     directory = hugging_face_classifier(tmp_path / "bert", tokenizer)
     pooler = load_file(str(directory / "model.safetensors"))["bert.pooler.dense.weight"]
-    model = TextClassifier.from_pretrained_encoder(directory, num_classes=2, pooling="pooler")
+    model = classifier_from_pretrained(directory, num_classes=2, pooling="pooler")
     assert torch.equal(model.encoder.pooler.weight, pooler) and model.config.encoder.pooler
     transformers.BertModel(
         transformers.BertConfig.from_pretrained(directory), add_pooling_layer=False
     ).save_pretrained(tmp_path / "no_pooler")
-    fresh = TextClassifier.from_pretrained_encoder(tmp_path / "no_pooler", num_classes=2, pooling="pooler")
+    fresh = classifier_from_pretrained(tmp_path / "no_pooler", num_classes=2, pooling="pooler")
     assert fresh.encoder.pooler is not None and fresh.config.encoder.pooler
 
 
 def test_embed_reads_our_masked_lm_and_classifier_exports(exported, tmp_path: Path, capsys) -> None:
     """Mean pooling, not normalised (a plain BERT directory, as sentence-transformers reads it), of
     the encoder transformers' BertModel loads from each export."""
+    from scratchformer.formats.hf_bert import masked_lm_export
     from scratchformer.models.masked_lm import MaskedLanguageModel
-    from scratchformer.models.pretrained import masked_lm_export
 
     classifier, directory, _ = exported
     torch.manual_seed(4)

@@ -35,10 +35,10 @@ transformers = pytest.importorskip("transformers")
 
 from tasks.test_translation import LEXICON, tiny_recipe  # noqa: E402
 
+from scratchformer.formats.hf_files import CheckpointError  # noqa: E402
+from scratchformer.formats.hf_generation import DEFAULT_DECODING, longest_new_tokens  # noqa: E402
 from scratchformer.generation import GenerationConfig  # noqa: E402
 from scratchformer.generation.scoring import TieReport, same_up_to_ties  # noqa: E402
-from scratchformer.models.hf_files import CheckpointError  # noqa: E402
-from scratchformer.models.hf_generation import DEFAULT_DECODING, longest_new_tokens  # noqa: E402
 from scratchformer.tasks.translation import Translator, load_translator, train_translation  # noqa: E402
 
 RULE = {"length_penalty": 1.0, "max_len_a": 0.3, "max_len_b": 2}  # tight: many translations reach it

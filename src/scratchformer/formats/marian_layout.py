@@ -32,7 +32,7 @@ from torch import Tensor
 
 from scratchformer.core.embedding import sinusoidal_table
 from scratchformer.core.transformer import TransformerConfig
-from scratchformer.models.hf_files import CheckpointError
+from scratchformer.formats.hf_files import CheckpointError
 
 __all__ = ["LAYOUT_KEY", "ctranslate2_layout", "undo_ctranslate2_layout"]
 

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
 from scratchformer.cli import main  # noqa: E402
-from scratchformer.models.pretrained import CheckpointError, load_bert_encoder  # noqa: E402
+from scratchformer.formats.hf_bert import CheckpointError, load_bert_encoder  # noqa: E402
 from scratchformer.tasks.sentence_embedding import SentenceEncoder  # noqa: E402
 
 MODEL_DIR = Path(minilm.get_model_path())
@@ -286,9 +286,9 @@ def test_cli_embed_and_similarity(capsys) -> None:
 
 
 def test_text_classifier_starts_from_the_pretrained_encoder(ours) -> None:
-    from scratchformer.models.classifier import TextClassifier
+    from scratchformer.formats.hf_classifier import classifier_from_pretrained
 
-    clf = TextClassifier.from_pretrained_encoder(MODEL_DIR, num_classes=3, pooling="mean").eval()
+    clf = classifier_from_pretrained(MODEL_DIR, num_classes=3, pooling="mean").eval()
     for name, tensor in ours.encoder.state_dict().items():
         assert torch.equal(clf.encoder.state_dict()[name], tensor), name
     batch = ours.tokenizer(["A wonderful film.", "Dull."])

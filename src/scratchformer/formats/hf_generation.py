@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchformer.core.transformer import TransformerConfig
-from scratchformer.models.hf_files import CheckpointError
+from scratchformer.formats.hf_files import CheckpointError
 
 __all__ = [
     "DEFAULT_DECODING",
