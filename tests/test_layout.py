@@ -135,6 +135,7 @@ def test_imports_follow_the_rule() -> None:
         ("models.classifier", "from scratchformer import Transformer"),
         ("models.contextual", "from scratchformer.formats.hf_bert import bert_config"),  # knows no format
         ("models.classifier", "    from scratchformer.formats.hf_bert import load_bert_encoder"),
+        ("models.pretrained", "from scratchformer.formats.marian import load_marian"),  # its own one only
         ("formats.marian", "    from scratchformer.tasks.translation import Translator"),
         ("formats.hf_bert", "from scratchformer.data.tokenization import TextTokenizer"),
     ],

@@ -1,0 +1,6 @@
+"""Deprecated: moved to :mod:`scratchformer.formats.hf_bert` in 0.11; this path goes in 0.12."""
+
+import scratchformer.formats.hf_bert as hf_bert
+from scratchformer.models._moved import moved
+
+moved(__name__, hf_bert)
