@@ -79,7 +79,8 @@ def test_run_checks_come_before_any_data_work(tmp_path: Path, capsys) -> None:
     assert code == 2 and "fp16" in err and "needs a CUDA device" in err
     code, err = cli([*base, "--resume"], capsys)
     assert code == 2 and "no resumable checkpoint" in err
-    (tmp_path / "run" / "best").mkdir(parents=True)
+    (tmp_path / "run" / "best").mkdir(parents=True)  # a run's checkpoint (its config records its training)
+    (tmp_path / "run" / "best" / "config.json").write_text('{"kind": "text_classifier", "training": {}}')
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     code, err = cli(base, capsys)
     assert code == 2 and "holds an earlier run (best, metrics.jsonl)" in err and "--overwrite" in err
@@ -112,7 +113,10 @@ def test_overwrite_replaces_the_earlier_run_when_training_starts(tmp_path: Path)
         ({"save_every": -2}, "save_every must be an integer >= 0"),
         ({"warmup_steps": 1.5}, "warmup_steps must be an integer >= 0"),
         ({"betas": [0.9, 1.0]}, r"betas must be two numbers in \[0, 1\)"),
-        ({"lr": float("nan")}, "lr must be positive"),
+        ({"lr": float("nan")}, "lr must be a finite number, got nan"),
+        ({"adam_eps": float("inf")}, "adam_eps must be a finite number, got inf"),
+        ({"grad_clip": float("inf")}, "grad_clip must be a finite number"),
+        ({"betas": [0.9, float("nan")]}, r"betas must be a finite number, got \(0.9, nan\)"),
     ],
 )
 def test_train_settings_that_would_train_silently_wrong(train: dict, message: str) -> None:
@@ -136,9 +140,17 @@ def _classifier(**fields) -> ClassifierRecipe:
         (lambda: _classifier(model={"num_heads": 4.5}), "model: num_heads must be positive"),
         (
             lambda: _classifier(model={"layer_norm_eps": float("nan")}),
-            "model: layer_norm_eps must be positive",
+            "model.layer_norm_eps must be a finite number, got NaN",
         ),
-        (lambda: _classifier(model={"d_modle": 64}), "model: .*d_modle"),
+        (lambda: _classifier(model={"layer_norm_eps": -1.0}), "model: layer_norm_eps must be positive"),
+        (
+            lambda: _classifier(model={"d_modle": 64}),
+            r"unknown fields under 'model': \['d_modle'\]; did you mean d_model\?",
+        ),
+        (
+            lambda: _classifier(max_length=64, truncation="head", model={"max_len": 32}),
+            "model.max_len=32 is shorter than max_length=64",
+        ),
         (lambda: _classifier(label_names=["neg", "neg"]), "label_names: expected at least two distinct"),
         (
             lambda: TranslationRecipe("a", "b", "c", "d", decoding={"beam_size": 0}),

@@ -9,8 +9,10 @@ and one ``scratchformer CMD: error: ...`` line) and change none of the files it 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -119,6 +121,54 @@ def _recipes_and_data(world: Path) -> None:
     (world / "a_file.txt").write_text("not a folder\n")
 
 
+def _boundary_cases(world: Path) -> None:
+    """Issue 41's last boundary cases: recipes with an empty out_dir, NaN, a misspelt model key, a
+    max_len shorter than max_length; run folders whose training state is damaged; a folder of the
+    user's own files named as a run's outputs; a folder that holds a captions.tsv already."""
+    recipes = {
+        "out_empty.json": '{"train_file": "x.jsonl", "train": {"out_dir": ""}}',
+        "nan_lr.json": '{"train_file": "x.jsonl", "train": {"lr": NaN}}',
+        "inf_betas.json": '{"train_file": "x.jsonl", "train": {"betas": [0.9, Infinity]}}',
+        "inf_dropout.json": '{"train_file": "x.jsonl", "model": {"dropout": -Infinity}}',
+        "model_typo.json": '{"train_file": "x.jsonl", "model": {"d_modle": 64}}',
+        "max_len.json": '{"train_file": "x", "max_length": 64, "head_length": 8, "model": {"max_len": 32}}',
+        "mlm_typo.json": '{"train_files": ["x.txt"], "model": {"num_layer": 2}}',
+        "mt_max_len.json": json.dumps(
+            {f"{s}_{side}": "x" for s in ("train", "valid") for side in ("source", "target")}
+            | {"max_length": 64, "model": {"max_len": 32}}
+        ),
+    }
+    for name, text in recipes.items():
+        (world / name).write_text(text)
+    full = dict.fromkeys(("optimizer", "scheduler", "step", "epoch", "next_group", "best", "rng"), 0)
+    states = {
+        "truncated": lambda path: path.write_bytes(_torch_bytes(full)[:200]),
+        "a_list": lambda path: torch.save([1, 2, 3], path),
+        "partial": lambda path: torch.save({"step": 1}, path),
+        "a_pickle": lambda path: path.write_bytes(pickle.dumps(full)),
+    }
+    for name, write in states.items():
+        shutil.copytree(world / "ckpt", world / f"run_{name}" / "last")
+        write(world / f"run_{name}" / "last" / "training_state.pt")
+    for folder, names in {
+        "mine": ("report.json", "metrics.jsonl", "curves.png"),
+        "mine_best": ("best/a",),
+    }.items():
+        for name in names:
+            (world / folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (world / folder / name).write_text("the user's own\n")
+    (world / "scenes").mkdir()
+    (world / "scenes" / "captions.tsv").write_text("mine.png\ta caption of mine\n")
+    (world / "scenes_png").mkdir()
+    (world / "scenes_png" / "test_heldout-0000.png").write_bytes(b"mine")
+
+
+def _torch_bytes(value) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """Every file the cases name: checkpoints (intact, damaged, foreign), exports, recipes, data."""
@@ -132,8 +182,10 @@ def world(tmp_path_factory) -> Path:
     _damaged(world, "padid", _edit_config(lambda c: c["model"]["encoder"].update(pad_id=1)))
     _damaged(world, "badtok", lambda d: (d / "tokenizer.json").write_text('{"version": '))
     _damaged(world, "notok", lambda d: (d / "tokenizer.json").unlink())
+    _damaged(world, "huge", _edit_config(lambda c: c["model"]["encoder"].update(d_model=2**18, d_ff=2**19)))
     _bert_exports(world)
     _recipes_and_data(world)
+    _boundary_cases(world)
     return world
 
 
@@ -323,6 +375,89 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("export-onto-file", ["export", "--checkpoint", "{w}/ckpt", "--out", "{w}/a_file.txt"], ERROR, "exists"),
     ("export-pre-ln", ["export", "--checkpoint", "{w}/ckpt", "--out", "{o}/x"], ERROR, "norm_first=True"),
     ("export-missing", ["export", "--checkpoint", M, "--out", "{o}/x"], ERROR, "no checkpoint at"),
+    # ---- the last boundary cases (issue 41) -------------------------------------------------------
+    ("train-out-empty", ["train", "classifier", "--train", "{w}/texts.jsonl", "--out", ""], ERROR, "out_dir"),
+    ("recipe-out-empty", ["train", "classifier", "--config", "{w}/out_empty.json"], ERROR, "must name a"),
+    ("shapes-out-empty", ["shapes", "--out", ""], USAGE, "argument --out: must name a file or folder"),
+    ("features-out-empty", ["features", "--images", "{w}", "--out", ""], USAGE, "argument --out: must"),
+    ("export-out-empty", ["export", "--checkpoint", "{w}/ckpt", "--out", " "], USAGE, "argument --out"),
+    (
+        "resume-truncated",
+        ["train", "classifier", "--train", "{w}/texts.jsonl", "--out", "{w}/run_truncated", "--resume"],
+        ERROR,
+        "run_truncated/last/training_state.pt is damaged: not the zip archive torch.save writes",
+    ),
+    (
+        "resume-pickle",
+        ["train", "classifier", "--train", "{w}/texts.jsonl", "--out", "{w}/run_a_pickle", "--resume"],
+        ERROR,
+        "run_a_pickle/last/training_state.pt is damaged",
+    ),
+    (
+        "resume-list",
+        ["train", "classifier", "--train", "{w}/texts.jsonl", "--out", "{w}/run_a_list", "--resume"],
+        ERROR,
+        "training_state.pt is not a training state: it holds a list",
+    ),
+    (
+        "resume-partial",
+        ["train", "classifier", "--train", "{w}/texts.jsonl", "--out", "{w}/run_partial", "--resume"],
+        ERROR,
+        "training_state.pt is not a training state: it lacks ['optimizer', 'scheduler', 'epoch'",
+    ),
+    (
+        "overwrite-foreign",
+        ["train", "classifier", "--train", "{w}/texts.jsonl", "--out", "{w}/mine", "--overwrite"],
+        ERROR,
+        "--overwrite would delete curves.png, metrics.jsonl, report.json in",
+    ),
+    (
+        "overwrite-foreign-best",
+        ["train", "classifier", "--train", "{w}/texts.jsonl", "--out", "{w}/mine_best", "--overwrite"],
+        ERROR,
+        "holds no run of scratchformer",
+    ),
+    ("shapes-over", ["shapes", "--out", "{w}/scenes", "--count", "1"], ERROR, "already holds captions.tsv"),
+    ("shapes-over-png", ["shapes", "--out", "{w}/scenes_png"], ERROR, "holds test_heldout-0000.png"),
+    ("shapes-onto-file", ["shapes", "--out", "{w}/a_file.txt"], ERROR, "a_file.txt is a file, not a folder"),
+    ("ckpt-huge", ["classify", "--checkpoint", "{w}/huge", "a"], ERROR, "parameters that needs about"),
+    ("eval-huge", ["evaluate", "--checkpoint", "{w}/huge", "--data", "{w}/texts.jsonl"], ERROR, "GiB"),
+    (
+        "export-huge",
+        ["export", "--checkpoint", "{w}/huge", "--out", "{o}/x", "--format", "onnx"],
+        ERROR,
+        "cannot be loaded here",
+    ),
+    (
+        "recipe-model-typo",
+        ["train", "classifier", "--config", "{w}/model_typo.json"],
+        ERROR,
+        "unknown fields under 'model': ['d_modle']; did you mean d_model?",
+    ),
+    ("mlm-model-typo", ["train", "mlm", "--config", "{w}/mlm_typo.json"], ERROR, "did you mean num_layers?"),
+    (
+        "set-model-typo",
+        ["train", "classifier", "--train", "x", "--set", "model.d_modle=8"],
+        ERROR,
+        "d_model?",
+    ),
+    ("recipe-nan", ["train", "classifier", "--config", "{w}/nan_lr.json"], ERROR, "train.lr: NaN is not"),
+    ("recipe-inf", ["train", "classifier", "--config", "{w}/inf_betas.json"], ERROR, "train.betas[1]"),
+    ("recipe-inf-model", ["train", "classifier", "--config", "{w}/inf_dropout.json"], ERROR, "model.dropout"),
+    ("set-inf", ["train", "classifier", "--train", "x", "--set", "train.adam_eps=1e999"], ERROR, "adam_eps"),
+    (
+        "recipe-max-len",
+        ["train", "classifier", "--config", "{w}/max_len.json"],
+        ERROR,
+        "model.max_len=32 is shorter than max_length=64",
+    ),
+    (
+        "set-max-len",
+        ["train", "classifier", "--train", "{w}/texts.jsonl", "--set", "model.max_len=16"],
+        ERROR,
+        "model.max_len=16 is shorter than max_length=512",
+    ),
+    ("mt-max-len", ["train", "translation", "--config", "{w}/mt_max_len.json"], ERROR, "max_len=32"),
 ]
 
 
@@ -343,8 +478,9 @@ def _run_case(world: Path, base: Path, argv: list[str]) -> tuple[subprocess.Comp
         stdin=subprocess.DEVNULL,
         env=env,
         timeout=300,
+        cwd=base,  # the working folder: a refusal writes nothing there either (--out "")
     )
-    return done, _hashes(mine) == before
+    return done, _hashes(mine) == before and [p.name for p in base.iterdir()] == ["world"]
 
 
 @pytest.fixture(scope="module")
@@ -380,4 +516,51 @@ def test_misuse_from_the_command_line(outcomes: dict, name, argv, how, message) 
     else:
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
         assert "None" not in lines[0] and "; --debug" not in lines[0], err
-    assert unchanged  # no input file changed, none added
+    assert unchanged  # no input file changed, none added, nothing written into the working folder
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_text(world: Path, tmp_path: Path) -> None:
+    """A UTF-8 BOM before stdin's first line (or a file's) is dropped: classify (TSV and JSON),
+    translate and embed answer and echo "a fine film", not "\\ufeffa fine film"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bom = "\ufeff".encode()
+    translator = str(FIXTURES / "translation")
+    runs = {  # name: (argv, stdin)
+        "classify": (["classify", "--checkpoint", str(world / "ckpt")], bom + b"a fine film\nbad\n"),
+        "classify-json": (
+            ["classify", "--checkpoint", str(world / "ckpt"), "--json"],
+            bom + b"a fine film\n",
+        ),
+        "embed-json": (["embed", "--model", str(world / "hf_bert"), "--json"], bom + b"a fine film\n"),
+        "translate-json": (["translate", "--checkpoint", translator, "--json"], bom + b"ein Hund\n"),
+    }
+    for name, text in {"source.txt": "ein Hund\n", "reference.txt": "a dog\n"}.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / f"bom_{name}").write_bytes(bom + text.encode())
+    for prefix in ("", "bom_"):  # a file given by path: the same hypotheses with the mark as without
+        runs[f"evaluate-{prefix}file"] = (
+            ["evaluate", "--checkpoint", translator, "--json", "--output", str(tmp_path / f"{prefix}hyp.txt")]
+            + ["--source", str(tmp_path / f"{prefix}source.txt")]
+            + ["--reference", str(tmp_path / f"{prefix}reference.txt")],
+            b"",
+        )
+
+    def run(argv: list[str], stdin: bytes) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "scratchformer", *argv], input=stdin, capture_output=True, timeout=300
+        )
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        done = {name: pool.submit(run, *case) for name, case in runs.items()}
+        done = {name: future.result() for name, future in done.items()}
+    for name, process in done.items():
+        assert process.returncode == 0, (name, process.stderr.decode())
+        assert bom not in process.stdout, name
+    out = {name: process.stdout.decode().splitlines() for name, process in done.items()}
+    assert out["classify"][0].split("\t")[2] == "a fine film" and out["classify"][1].endswith("\tbad")
+    assert json.loads(out["classify-json"][0])["text"] == "a fine film"
+    assert json.loads(out["embed-json"][0])["text"] == "a fine film"
+    assert json.loads(out["translate-json"][0])["source"] == "ein Hund"
+    assert json.loads(out["evaluate-file"][0]) == json.loads(out["evaluate-bom_file"][0])
+    assert (tmp_path / "hyp.txt").read_text() == (tmp_path / "bom_hyp.txt").read_text()

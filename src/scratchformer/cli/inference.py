@@ -314,7 +314,8 @@ def _add_errors_option(parser: argparse.ArgumentParser) -> None:
 
 def _input_lines(texts: list[str] | None, errors: str = "fail") -> Iterator[tuple[str, str | None]]:
     """(text, problem) for each input: the ``texts`` given, else stdin's lines, read as bytes and
-    decoded one by one, so a bad byte is named by its line and offset (as it is read: streaming).
+    decoded one by one, so a bad byte is named by its line and offset (as it is read: streaming); a
+    UTF-8 byte-order mark before the first line is dropped, as a file's is (data/labelled_texts.py).
     problem: None; "empty line" (a blank line is answered by an empty one, never dropped); or why a
     line is not UTF-8 (--errors skip; fail raises a ValueError)."""
     if texts:
@@ -340,6 +341,8 @@ def _input_lines(texts: list[str] | None, errors: str = "fail") -> Iterator[tupl
             offset += len(raw)
         else:  # a text stream (no .buffer), as tests give
             raw_text = raw
+        if number == 1:  # a byte-order mark (Windows editors write one) is no part of the first text
+            raw_text = raw_text.removeprefix("\ufeff")
         text = raw_text.removesuffix("\n").removesuffix("\r")
         yield text, problem or (EMPTY if not text.strip() else None)
 

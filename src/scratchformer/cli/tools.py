@@ -10,6 +10,13 @@ from scratchformer.cli.options import add_progress_option, add_threads_option, c
 __all__ = ["add_attention", "add_demo", "add_export", "add_features", "add_shapes"]
 
 
+def out_path(text: str) -> str:
+    """``--out``: a path, not empty ("" would mean the working folder, or no file at all)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a file or folder, got {text!r}")
+    return text
+
+
 # ------------------------------------------------------------------------------------------------ demo
 
 
@@ -79,7 +86,7 @@ def add_features(sub: argparse._SubParsersAction) -> None:
         "--images", required=True, help="folder of image files (any size, any format Pillow reads)"
     )
     features.add_argument(
-        "--out", required=True, help="the .safetensors file (images already in it are skipped)"
+        "--out", required=True, type=out_path, help="the .safetensors file (images already in it are skipped)"
     )
     features.add_argument("--batch-size", type=positive, default=32)
     features.add_argument("--device", default="auto")
@@ -121,11 +128,18 @@ def add_shapes(sub: argparse._SubParsersAction) -> None:
     )
     shapes.add_argument("--count", type=positive, default=8)
     shapes.add_argument("--seed", type=seed, default=0)
-    shapes.add_argument("--out", default="shapes")
+    shapes.add_argument("--out", type=out_path, default="shapes", help="the folder (default: %(default)s)")
+    shapes.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the captions.tsv and the images of the same names already in --out "
+        "(default: refuse to write over them)",
+    )
     shapes.set_defaults(func=_shapes)
 
 
 def _shapes(args: argparse.Namespace) -> int:
+    _refuse_over_shapes(args.out, args.split, args.count, args.overwrite)  # before any work
     from scratchformer.data.captions import save_caption_folder
     from scratchformer.data.shapes import shape_scene_splits
 
@@ -134,6 +148,23 @@ def _shapes(args: argparse.Namespace) -> int:
     split = shape_scene_splits(seed=args.seed, **sizes)[args.split]
     print(f"wrote {len(split)} images and {save_caption_folder(split, args.out, args.split)}")
     return 0
+
+
+def _refuse_over_shapes(out: str, split: str, count: int, overwrite: bool) -> None:
+    """``shapes --out``: a folder (or none yet) without a captions.tsv or any of the images this
+    writes (``SPLIT-0000.png``..., save_caption_folder's names), unless ``--overwrite``."""
+    from pathlib import Path
+
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    names = ["captions.tsv", *(f"{split}-{i:04d}.png" for i in range(count))]
+    there = [name for name in names if (folder / name).exists()]
+    if there and not overwrite:
+        more = f" (and {len(there) - 1} of the images this writes)" if len(there) > 1 else ""
+        raise FileExistsError(
+            f"--out {out} already holds {there[0]}{more}: --overwrite replaces them, or choose another folder"
+        )
 
 
 # ------------------------------------------------------------------------------------------ export, attention
@@ -156,7 +187,7 @@ def add_export(sub: argparse._SubParsersAction) -> None:
         "classifier, masked LM or sentence-transformers encoder, for onnxruntime)",
     )
     export.add_argument("--checkpoint", required=True)
-    export.add_argument("--out", required=True, help="a new directory")
+    export.add_argument("--out", required=True, type=out_path, help="a new directory")
     export.add_argument("--format", choices=["hf", "ctranslate2", "onnx"], default="hf")
     export.add_argument(
         "--quantization",
@@ -261,7 +292,7 @@ def add_attention(sub: argparse._SubParsersAction) -> None:
     )
     attention.add_argument("--checkpoint", required=True)
     attention.add_argument("text")
-    attention.add_argument("--out", default="attention", help="output directory for the PNGs")
+    attention.add_argument("--out", type=out_path, default="attention", help="output directory for the PNGs")
     attention.add_argument("--beam", type=positive, default=5)
     attention.set_defaults(func=_attention)
 

@@ -115,7 +115,9 @@ def load_flickr8k(root: str | Path, split: str = "train", images: str = "Images"
         if not listing.is_file():
             raise FileNotFoundError(f"{listing}: the {split} split list is not there")
         wanted = list(
-            dict.fromkeys(n.strip() for n in listing.read_text(encoding="utf-8").splitlines() if n.strip())
+            dict.fromkeys(
+                n.strip() for n in listing.read_text(encoding="utf-8-sig").splitlines() if n.strip()
+            )
         )
     return _collect(image_dir, _read_flickr_captions(captions), wanted)
 

@@ -249,10 +249,7 @@ class ClassifierRecipe(Recipe):
                 )
         else:
             check_model_fields(
-                EncoderConfig,
-                {"max_len": self.max_length, **self.model},
-                vocab_size=self.vocab_size,
-                pad_id=0,
+                EncoderConfig, self.model, self.max_length, vocab_size=self.vocab_size, pad_id=0
             )
 
 

@@ -6,6 +6,7 @@ generation returns.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import json
 import math
@@ -292,9 +293,24 @@ def check_files(data_dir: str | Path, kind: str = "data", **paths: str | None) -
             raise FileNotFoundError(f"{name}: {kind} file not found: {resolved}")
 
 
-def check_model_fields(config_cls: type, fields: dict[str, Any], **filled: Any) -> None:
+def check_model_fields(
+    config_cls: type, fields: dict[str, Any], max_length: int | None = None, **filled: Any
+) -> None:
     """The recipe's ``model`` section builds a valid ``config_cls`` (with ``filled`` standing in for
-    what the data decides later, e.g. the vocabulary size)."""
+    what the data decides later, e.g. the vocabulary size): known keys only (an unknown one names the
+    closest, as the recipe's own fields do). ``max_length``: the recipe's tokens per text, the
+    section's ``max_len`` when it has none; a ``max_len`` shorter is refused here, not at the first
+    long text once training has started."""
+    known = [f.name for f in dataclasses.fields(config_cls)]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        close = [c for name in unknown for c in difflib.get_close_matches(name, known, n=3)]
+        hint = f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
+        raise ValueError(f"unknown fields under 'model': {unknown}{hint}")
+    if max_length is not None:
+        fields = {"max_len": max_length, **fields}
+        if isinstance(fields["max_len"], int) and fields["max_len"] < max_length:
+            raise ValueError(f"model.max_len={fields['max_len']} is shorter than max_length={max_length}")
     try:
         config_cls(**{**fields, **filled})
     except TypeError as e:

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from scratchformer.files.locks import widen_to_umask
 
 __all__ = [
     "average_checkpoints",
+    "check_training_state",
     "foreign_checkpoint",
     "finish_interrupted_save",
     "load_checked",
@@ -190,6 +192,7 @@ def load_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.Mo
     path = verified_weights(directory)
     with torch.device("meta"):
         skeleton = build()
+    _check_memory(skeleton, path.parent)
     with safe_open(str(path), framework="pt") as f:
         shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
     aliases: dict[int, set[str]] = {}  # tied tensors are stored once, under one of their names
@@ -218,6 +221,24 @@ def load_checked(directory: str | Path, build: Callable[[], nn.Module]) -> nn.Mo
     model = build()
     _load_verified(model, path)
     return model
+
+
+def _check_memory(skeleton: nn.Module, directory: Path) -> None:
+    """Refuse, before anything is allocated, a model (built on the meta device) whose parameters and
+    buffers would not fit this machine's memory, where it is built: a config.json edited to a huge
+    model is named, not left to swap or to be killed."""
+    from scratchformer.training.run_checks import available_memory  # (run_checks imports this module)
+
+    tensors = {id(t): t for t in (*skeleton.parameters(), *skeleton.buffers())}.values()
+    needed = sum(t.numel() * t.element_size() for t in tensors)
+    have = available_memory(torch.device("cpu"))
+    if have and needed > have:
+        parameters = sum(p.numel() for p in {id(p): p for p in skeleton.parameters()}.values())
+        raise ValueError(
+            f"{directory / CONFIG} describes a model of {parameters:,} parameters that needs about "
+            f"{needed / 2**30:,.1f} GiB, but this machine's memory is {have / 2**30:,.1f} GiB: "
+            "it cannot be loaded here (is config.json edited to a larger model than its weights?)"
+        )
 
 
 def open_checkpoint(directory: str | Path, kind: str) -> tuple[Path, dict[str, Any]]:
@@ -266,7 +287,50 @@ def load_training_state(directory: str | Path, map_location: str | None = "cpu")
     path = resolve_checkpoint(directory) / STATE
     if not path.is_file():
         raise FileNotFoundError(f"no training state in {path.parent} (was it saved for resuming?)")
-    return torch.load(path, weights_only=True, map_location=map_location)
+    return _read_state(path, map_location)
+
+
+# What a resumed run restores from a training state (see training/state.py: restore)
+STATE_KEYS = ("optimizer", "scheduler", "step", "epoch", "next_group", "best", "rng")
+
+
+def check_training_state(directory: str | Path) -> None:
+    """Refuse, before any work, a training state a run cannot resume from: not the zip archive
+    ``torch.save`` writes (truncated, or another file), unreadable, or not a dictionary with every
+    entry a resumed run restores; the error names the file and what is wrong. The tensors are
+    memory-mapped, not read."""
+    path = resolve_checkpoint(directory) / STATE
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{path} is damaged: not the zip archive torch.save writes (truncated, or another file); "
+            "--resume cannot continue from it"
+        )
+    state = _read_state(path, "cpu", mmap=True)
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(
+            f"{path} is not a training state: it lacks {missing}; --resume cannot continue from it"
+        )
+
+
+def _read_state(path: Path, map_location: str | None, mmap: bool = False) -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)``; what it cannot read, or anything but a dictionary, is
+    a ValueError naming the file and the reason (torch's first line)."""
+    try:
+        state = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
+    except OSError:
+        raise
+    except Exception as e:  # zip, unpickler and weights-only errors (RuntimeError, UnpicklingError, EOFError)
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ValueError(
+            f"{path} is damaged or not a training state ({reason[:200]}); --resume cannot continue from it"
+        ) from None
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"{path} is not a training state: it holds a {type(state).__name__}, not a dictionary; "
+            "--resume cannot continue from it"
+        )
+    return state
 
 
 def average_checkpoints(directories: Sequence[Path], model: nn.Module) -> None:

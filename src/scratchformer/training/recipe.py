@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import numbers
 import os
 import types
@@ -45,18 +46,35 @@ def load_recipe(cls: type[R], path: str | Path | None, sets: Sequence[str] = (),
 
 
 def _read_json(path: str | Path) -> Any:
-    """The recipe file's JSON: NaN and Infinity (no JSON; Python's reader takes them) and a key given
-    twice in one object (the last would win, silently) are errors."""
+    """The recipe file's JSON: NaN and Infinity (no JSON; Python's reader takes them: the error names
+    the field, "train.lr is NaN") and a key given twice in one object (the last would win, silently)
+    are errors."""
     try:
-        return json.loads(
-            Path(path).read_text(encoding="utf-8-sig"),
-            parse_constant=_no_constant,
-            object_pairs_hook=_no_duplicates,
+        data = json.loads(
+            Path(path).read_text(encoding="utf-8-sig"), parse_constant=float, object_pairs_hook=_no_duplicates
         )
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a JSON recipe ({e})") from None
     except ValueError as e:
         raise ValueError(f"{path}: not a JSON recipe ({e})") from None
+    found = _non_finite(data)
+    if found is not None:
+        raise ValueError(f"{path}: {found[0]}: {found[1]} is not JSON (a number must be finite)")
+    return data
+
+
+def _non_finite(value: Any, at: str = "") -> tuple[str, str] | None:
+    """Where the first NaN or infinity in a JSON-like ``value`` is, and how JSON writes it:
+    ("train.lr", "NaN"), ("train.betas[1]", "Infinity") (``at``: the path of ``value`` itself); None if
+    there is none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return at, "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{at}[{key}]" if isinstance(key, int) else f"{at}.{key}" if at else key)
+        if found is not None:
+            return found
+    return None
 
 
 def _no_constant(name: str) -> Any:
@@ -152,6 +170,10 @@ class Recipe:
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):
             self.train = TrainConfig(**self.train)
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            found = None if f.name == "train" else _non_finite(getattr(self, f.name), f.name)
+            if found is not None:  # (the train section checks its own numbers)
+                raise ValueError(f"{found[0]} must be a finite number, got {found[1]}")
         if self.train.best_metric not in self.METRICS:
             raise ValueError(
                 f"train.best_metric: expected one of {self.METRICS}, got {self.train.best_metric!r}"

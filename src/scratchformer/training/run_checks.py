@@ -18,7 +18,7 @@ from torch import nn
 
 from scratchformer.files import locks
 from scratchformer.training import distributed
-from scratchformer.training.checkpoint import load_config
+from scratchformer.training.checkpoint import check_training_state, load_config
 from scratchformer.training.config import RESUME_FIXED, TrainConfig
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "count_parameters",
     "check_same_run",
     "earlier_run",
+    "holds_a_run",
     "release_run",
     "remove_earlier_run",
     "resolve_device",
@@ -100,6 +101,7 @@ def release_run(out_dir: str | Path) -> None:
 
 def _check_and_lock(out: Path, resume: bool, overwrite: bool) -> None:
     _check_writable(out)
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     taken = locks.acquire(out / LOCK, f"output directory {out}")
     try:
@@ -107,6 +109,8 @@ def _check_and_lock(out: Path, resume: bool, overwrite: bool) -> None:
     except BaseException:
         if taken:
             locks.release(out / LOCK)
+        if made and not any(out.iterdir()):
+            out.rmdir()  # a refused run leaves no folder behind
         raise
 
 
@@ -138,11 +142,40 @@ def _check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
             and not (out / "last.old" / "training_state.pt").is_file()
         ):
             raise FileNotFoundError(f"--resume: no resumable checkpoint in {out} (expected {out / 'last'})")
+        check_training_state(out / "last")  # a damaged one is refused now, not once the data is read
     elif earlier_run(out) and not overwrite:
         raise FileExistsError(
             f"{out} holds an earlier run ({', '.join(earlier_run(out))}): resume it (--resume), "
             "replace it (--overwrite / overwrite=True) or choose another output directory"
         )
+    elif earlier_run(out) and not holds_a_run(out):
+        raise FileExistsError(
+            f"--overwrite would delete {', '.join(earlier_run(out))} in {out}, which holds no run of "
+            "scratchformer (no checkpoint folder with a run's config.json, no run's recipe.json): only "
+            "what a run wrote is replaced; move those files away or choose another output directory"
+        )
+
+
+def holds_a_run(out_dir: str | Path) -> bool:
+    """Whether ``out_dir`` holds what a run of ours wrote, so that ``overwrite`` may delete its
+    outputs: a checkpoint folder (``last/``, ``best/``, ...) whose config.json records its
+    ``training`` settings, or the ``recipe.json`` a task's run writes (with ``train.out_dir``). A
+    user's own ``report.json`` or ``metrics.jsonl`` in a folder without either is never deleted."""
+    out = Path(out_dir)
+    for name in earlier_run(out):
+        config = _json(out / name / "config.json")  # (None for a file, e.g. report.json)
+        if isinstance(config, dict) and isinstance(config.get("training"), dict):
+            return True
+    recipe = _json(out / "recipe.json")
+    return isinstance(recipe, dict) and isinstance(recipe.get("train"), dict) and "out_dir" in recipe["train"]
+
+
+def _json(path: Path) -> Any:
+    """The JSON in ``path``; None when it is missing or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
 
 
 def count_parameters(build: Callable[[], nn.Module]) -> int:
