@@ -1,5 +1,6 @@
-"""Ensembles decode as one model: an ensemble of one is the model, two identical models are one, and
-two different models give the mean of their log-probabilities, with the cache as without it, for
+"""Ensembles decode as one model: an ensemble of one is the model, two identical models are one (the
+same outputs up to ties: a differing one must score within 1e-4 by the model, generation/scoring.py),
+and two different models give the mean of their log-probabilities, with the cache as without it, for
 captioners (same or packed inputs) and translators (padded sources)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from scratchformer import CaptioningConfig, CaptioningTransformer, Transformer, TransformerConfig
 from scratchformer.generation import GenerationConfig, generate, greedy_decode
 from scratchformer.generation.ensemble import Ensemble
+from scratchformer.generation.scoring import same_up_to_ties
 
 V = 12
 
@@ -39,24 +41,31 @@ def decoded(model, src, **options) -> list[list[tuple[list[int], float, float]]]
     return [[(h.tokens, h.log_prob, h.score) for h in hyps] for hyps in generate(model, src, config)]
 
 
-def assert_same(a, b) -> None:
-    assert [[h[0] for h in s] for s in a] == [[h[0] for h in s] for s in b]
+def assert_same(a, b, model, src) -> None:
+    """The same hypotheses up to ties (``model`` scores a differing pair within 1e-4), with the same
+    scores, and the same log-probabilities where the tokens are the same."""
+    assert [len(s) for s in a] == [len(s) for s in b]
+    rows = [i for i, s in enumerate(a) for _ in s]
+    ours, theirs = [h[0] for s in a for h in s], [h[0] for s in b for h in s]
+    report = same_up_to_ties(model, src[rows], ours, theirs, bos_id=1, length_penalty=1.0)
+    assert report.ok, report.describe()
     for x, y in zip(a, b):
-        for (_, lp1, s1), (_, lp2, s2) in zip(x, y):
-            assert lp1 == pytest.approx(lp2, abs=1e-5) and s1 == pytest.approx(s2, abs=1e-5)
+        for (t1, lp1, s1), (t2, lp2, s2) in zip(x, y):
+            assert s1 == pytest.approx(s2, abs=1e-4)
+            assert t1 != t2 or (lp1 == pytest.approx(lp2, abs=1e-5) and s1 == pytest.approx(s2, abs=1e-5))
 
 
 @pytest.mark.parametrize("options", [{"num_beams": 1}, {"num_beams": 3, "num_return_sequences": 2}])
 def test_an_ensemble_of_one_is_the_model_and_two_identical_models_are_one(options) -> None:
     model, src = captioner(0), torch.randn(5, 4, 8)
     single = decoded(model, src, **options)
-    assert_same(decoded(Ensemble([model]), src, **options), single)
-    assert_same(decoded(Ensemble([model, copy.deepcopy(model)]), src, **options), single)
+    assert_same(decoded(Ensemble([model]), src, **options), single, model, src)
+    assert_same(decoded(Ensemble([model, copy.deepcopy(model)]), src, **options), single, model, src)
     sampled = {"do_sample": True, "num_return_sequences": 2}
     torch.manual_seed(3)
     one = decoded(model, src, **sampled)
     torch.manual_seed(3)
-    assert_same(decoded(Ensemble([model, copy.deepcopy(model)]), src, **sampled), one)
+    assert_same(decoded(Ensemble([model, copy.deepcopy(model)]), src, **sampled), one, model, src)
 
 
 def test_two_models_give_the_mean_of_their_log_probabilities_with_the_cache_as_without() -> None:
@@ -76,6 +85,14 @@ def test_two_models_give_the_mean_of_their_log_probabilities_with_the_cache_as_w
         lp = ensemble.decode(steps, memory[i : i + 1]).log_softmax(-1)[0, range(len(tokens)), tokens].sum()
         assert float(lp) == pytest.approx(log_prob, abs=1e-4)
     torch.set_grad_enabled(True)
+
+
+def test_a_different_member_fails_the_comparison() -> None:
+    """Mutation: a second member that is another model is not the model, beyond ties."""
+    model, src = captioner(0), torch.randn(5, 4, 8)
+    single = decoded(model, src, num_beams=3)
+    with pytest.raises(AssertionError, match=r"[1-9]\d* different"):
+        assert_same(decoded(Ensemble([model, captioner(1)]), src, num_beams=3), single, model, src)
 
 
 def test_members_of_different_inputs_read_them_packed() -> None:
@@ -102,7 +119,9 @@ def test_translators_with_padded_sources_ensemble_too() -> None:
 
     a, b = translator(0), translator(1)
     src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
-    assert_same(decoded(Ensemble([a, copy.deepcopy(a)]), src, num_beams=2), decoded(a, src, num_beams=2))
+    assert_same(
+        decoded(Ensemble([a, copy.deepcopy(a)]), src, num_beams=2), decoded(a, src, num_beams=2), a, src
+    )
     tgt = torch.randint(3, V, (2, 5))
     expected = (a(src, tgt).log_softmax(-1) + b(src, tgt).log_softmax(-1)) / 2
     assert torch.allclose(Ensemble([a, b])(src, tgt), expected, atol=1e-5)
