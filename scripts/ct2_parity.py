@@ -5,7 +5,9 @@ each, on a test set.
     python scripts/ct2_parity.py runs/multi30k/averaged [--limit 100] [--threads 2]
 
 Prints one JSON object: the identical-line fractions (float32 greedy and beam, int8 greedy and
-beam), corpus BLEU / chrF of ours, CTranslate2 float32 and int8 (sacreBLEU, as ``scratchformer
+beam) and the same up to ties (``up_to_ties``: a differing line counts when our model scores both
+translations within 1e-4, the beam's length-normalised log-probability; each differing line carries
+both scores), corpus BLEU / chrF of ours, CTranslate2 float32 and int8 (sacreBLEU, as ``scratchformer
 evaluate``), the seconds each took in this run, and every line where float32 differs from ours
 (int8: the first ``--show``). CTranslate2 decodes with ``ctranslate2_options``, in the batches our
 Translator makes (sorted by length, 64 at a time; each batch's own ``a * S + b`` limit).
@@ -28,7 +30,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from scratchformer.data.parallel_texts import load_parallel_texts  # noqa: E402
 from scratchformer.data.tokenization import save_hf_tokenizer  # noqa: E402
 from scratchformer.formats.ctranslate2_export import translate_like_ours, write_ctranslate2  # noqa: E402
+from scratchformer.generation.scoring import TieReport  # noqa: E402
 from scratchformer.tasks.translation import Translator, bleu_and_chrf, load_translator  # noqa: E402
+from scratchformer.tasks.translation.ties import same_translations_up_to_ties  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "multi30k"
 
@@ -71,13 +75,27 @@ def ct2_translations(
     return texts, time.perf_counter() - start
 
 
+def scored(ties: TieReport, line: int) -> dict[str, Any]:
+    """A differing line's two scores by our model and whether they tie (texts that tokenise the
+    same: tied, unscored)."""
+    found = [d for d in ties.tied + ties.different if d.line == line]
+    if not found:
+        return {"tied": True}
+    d = found[0]
+    return {
+        "tied": d.gap <= ties.tolerance,
+        "ours_score": round(d.ours_score, 6),
+        "ct2_score": round(d.theirs_score, 6),
+    }
+
+
 def parity(
     translator: Translator, sources: list[str], references: list[str], threads: int = 1, show: int = 20
 ) -> dict[str, Any]:
     """The report (see the module's docstring) for ``translator`` on ``sources``."""
     beam = int(translator.decoding.get("beam_size", 5))
     report: dict[str, Any] = {"n": len(sources), "beam_size": beam, "decoding": translator.decoding}
-    for key in ("identical", "bleu", "chrf", "seconds", "differing"):
+    for key in ("identical", "up_to_ties", "bleu", "chrf", "seconds", "differing"):
         report[key] = {}
 
     def record(name: str, texts: list[str], seconds: float) -> None:
@@ -97,12 +115,14 @@ def parity(
                 )
                 name = f"{compute_type}_{search}"
                 record(f"ct2_{name}", theirs, seconds)
+                ties = same_translations_up_to_ties(translator, sources, ours, theirs)
                 differ = [
-                    {"line": i + 1, "source": s, "ours": o, "ct2": t}
+                    {"line": i + 1, "source": s, "ours": o, "ct2": t, **scored(ties, i)}
                     for i, (s, o, t) in enumerate(zip(sources, ours, theirs))
                     if o != t
                 ]
                 report["identical"][name] = round(1 - len(differ) / len(sources), 4)
+                report["up_to_ties"][name] = round(ties.share, 4)
                 report["differing"][name] = differ[:limit]
     return report
 

@@ -406,6 +406,8 @@ def test_the_parity_script_reports(trained) -> None:
     with one_thread():
         report = script.parity(trained["post"], TEXTS[:40], REFERENCES[:40], show=2)
     assert report["identical"]["float32_greedy"] == 1.0 and report["identical"]["float32_beam"] >= 0.97
+    assert report["up_to_ties"]["float32_greedy"] == report["up_to_ties"]["float32_beam"] == 1.0
+    assert all({"tied", "ours_score", "ct2_score"} <= set(d) for d in report["differing"]["int8_beam"])
     assert report["differing"]["float32_greedy"] == [] and len(report["differing"]["int8_beam"]) <= 2
     assert set(report["bleu"]) == {
         f"{w}_{s}" for w in ("ours", "ct2_float32", "ct2_int8") for s in ("greedy", "beam")
