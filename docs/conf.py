@@ -71,6 +71,18 @@ def _copy_mathjax(app, exception) -> None:
         shutil.copyfile(_mathjax_source(), target / "tex-svg.js")
 
 
+def _long_names_may_break(app, doctree, docname) -> None:
+    """Code names longer than 12 characters in a table may break anywhere (custom.css ``.long-name``):
+    wide tables fit their column, and the short names (``hf``, ``ctranslate2``) stay whole."""
+    from docutils import nodes
+
+    for table in doctree.findall(nodes.table):
+        for literal in table.findall(nodes.literal):
+            if len(literal.astext()) > 12:
+                literal["classes"].append("long-name")
+
+
 def setup(app) -> None:
     _mathjax_source()  # fail at the start of a build, not after it
     app.connect("build-finished", _copy_mathjax)
+    app.connect("doctree-resolved", _long_names_may_break)
