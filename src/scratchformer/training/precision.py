@@ -15,12 +15,20 @@ numbers to ~1e-12 on any CPU (tests/tasks/test_golden_runs.py).
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
-from scratchformer.training.config import PRECISIONS
+from scratchformer.training.config import PRECISIONS, TrainConfig
 
-__all__ = ["at_least_fp32", "bf16_warning", "cpu_has_native_bf16", "native_bf16", "resolve_precision"]
+__all__ = [
+    "announce",
+    "at_least_fp32",
+    "bf16_warning",
+    "cpu_has_native_bf16",
+    "native_bf16",
+    "resolve_precision",
+]
 
 # oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no bf16 instructions
 _ONEDNN_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI")
@@ -70,3 +78,17 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     """``x`` in fp32 where it is narrower (bf16, fp16 logits before a loss), else as it is (fp64
     stays fp64, so an fp64 run computes its loss in fp64 too)."""
     return x if x.dtype == torch.float64 else x.float()
+
+
+def announce(config: TrainConfig, precision: str, device: torch.device, steps: str) -> None:
+    """Before a run's first step, on stderr: where and how it computes (with its progress bar), and
+    (always) a warning where bf16 will be emulated, many times slower than fp32."""
+    warning = bf16_warning(precision, device)
+    if warning:
+        print(warning, file=sys.stderr)
+    if config.progress:
+        asked = " (auto)" if config.precision == "auto" else ""
+        threads = torch.get_num_threads()
+        print(
+            f"training on {device}, precision {precision}{asked}, {threads} threads, {steps}", file=sys.stderr
+        )

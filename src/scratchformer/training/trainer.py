@@ -55,7 +55,7 @@ from scratchformer.training.checkpoint import (
 from scratchformer.training.config import TrainConfig
 from scratchformer.training.metrics import RunLog, plot_curves
 from scratchformer.training.optimizer import adamw, optimizer_step
-from scratchformer.training.precision import bf16_warning, resolve_precision
+from scratchformer.training.precision import announce, resolve_precision
 from scratchformer.training.run_checks import (
     LOCK,
     check_run,
@@ -246,20 +246,16 @@ class Trainer:
             self.model.double()
         self.model.train()
         check_run(c, resume)  # (the tasks ran it already, before their data work)
-        if (
-            not resume and c.overwrite and self.world.is_main
-        ):  # replace the earlier run now that this one starts
+        # replace the earlier run now that this one starts
+        if not resume and c.overwrite and self.world.is_main:
             remove_earlier_run(self.out_dir)
         state = self._resume_state() if resume else None  # (the weights load before DDP copies them)
         run = self._new_run()
         if state is not None:
             self._resume(run, state)
-        if self.world.is_main:
-            self.log.start(
-                run.step
-            )  # a resumed run's log is cut back to its step; a fresh run's starts empty
-        if self.world.is_main:
-            self._announce(run)
+        if self.world.is_main:  # a resumed run's log is cut back to its step; a fresh run's starts empty
+            self.log.start(run.step)
+            announce(c, self.precision, self.device, f"steps {run.step}..{run.total}")
         run.start = run.window_start = time.perf_counter()
         run.bar = tqdm(
             total=run.total,
@@ -270,21 +266,6 @@ class Trainer:
             mininterval=1.0,
         )
         return run
-
-    def _announce(self, run: Run) -> None:
-        """Say, before the first step, where and how the run computes (with the progress bar), and
-        warn (always) where bf16 will be emulated, many times slower than fp32."""
-        c = self.config
-        warning = bf16_warning(self.precision, self.device)
-        if warning:
-            print(warning, file=sys.stderr)
-        if c.progress:
-            asked = " (auto)" if c.precision == "auto" else ""
-            print(
-                f"training on {self.device}, precision {self.precision}{asked}, "
-                f"{torch.get_num_threads()} threads, steps {run.step}..{run.total}",
-                file=sys.stderr,
-            )
 
     def _new_run(self) -> Run:
         """The optimisation of a fresh run: the model the steps call (DDP under torchrun), AdamW,
@@ -490,11 +471,9 @@ class Trainer:
         batches = self.task.batches(epoch, self.config.seed)
         if not batches:
             raise ValueError(f"the task produced no training batches for epoch {epoch}")
-        return (
-            distributed.shard(batches, self.world.rank, self.world.size)
-            if self.world.distributed
-            else batches
-        )
+        if self.world.distributed:
+            batches = distributed.shard(batches, self.world.rank, self.world.size)
+        return batches
 
     def _resume_state(self) -> dict[str, Any]:
         """``last/``'s training state, read by rank 0 and broadcast (other machines need no copy),
