@@ -47,6 +47,7 @@ from scratchformer.training.checkpoint import (
     load_config,
     resolve_checkpoint,
 )
+from scratchformer.training.precision import at_least_fp32
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
@@ -106,7 +107,7 @@ def predict_proba(
     for start in range(0, len(ids), batch_size):
         index = order[start : start + batch_size]
         batch = tokenizer.pad([ids[i] for i in index]).to(device)
-        probs[index] = torch.softmax(model(batch.ids, batch.padding_mask).float(), dim=-1).cpu()
+        probs[index] = torch.softmax(at_least_fp32(model(batch.ids, batch.padding_mask)), dim=-1).cpu()
     return probs
 
 
@@ -139,7 +140,7 @@ class ClassificationTask:
     def loss(self, model: nn.Module, batch: list[int], device: torch.device) -> tuple[Tensor, int]:
         tokens = self.tokenizer.pad([self.train_ids[i] for i in batch]).to(device)
         logits = model(tokens.ids, tokens.padding_mask)  # (B, C)
-        loss = F.cross_entropy(logits.float(), self.train_labels[batch].to(device))
+        loss = F.cross_entropy(at_least_fp32(logits), self.train_labels[batch].to(device))
         return loss, int(tokens.padding_mask.sum())
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
@@ -384,7 +385,7 @@ class ClassifierRun(TrainingRun):
         if c.test_file:
             best = load_classifier(chosen, device=c.train.device)
             test = self.load(c.test_file, self.label_names)
-            report["test"] = best.evaluate(test, precision=c.train.precision)
+            report["test"] = best.evaluate(test, precision=self.trainer.precision)
             report["test_skipped"] = test.skipped
 
 

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from scratchformer.fast import optimize
 from scratchformer.training import Trainer, TrainingTask, TrainResult, check_run, distributed
 from scratchformer.training.checkpoint import write_text_atomically
+from scratchformer.training.precision import at_least_fp32
 from scratchformer.training.recipe import resolve_data_path
 from scratchformer.training.run_checks import (
     check_memory,
@@ -146,6 +147,7 @@ class TrainingRun:
         self.trainer = Trainer(model, task, self.config)
         self.result = self.trainer.fit(resume=self.resume)
         return {
+            "precision": self.trainer.precision,  # what the run computed in ("auto" resolved)
             "seconds_train": self.result.seconds,
             "best_valid": self.result.best,
             **stopped_early(self.result),
@@ -175,7 +177,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id
     contribute nothing.
     """
     return F.cross_entropy(
-        logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=smoothing
+        at_least_fp32(logits).flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=smoothing
     )
 
 

@@ -38,6 +38,7 @@ from scratchformer.models.masked_lm import MaskedLanguageModel
 from scratchformer.tasks.common import TrainingRun, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed
 from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
+from scratchformer.training.precision import at_least_fp32
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
@@ -160,7 +161,7 @@ class MaskedLMTask:
         logits = model(inputs, real, chosen)  # (M, V)
         if logits.shape[0] == 0:  # nothing chosen (a tiny batch): no loss, no NaN
             return logits.sum() * 0.0, int(real.sum())
-        return F.cross_entropy(logits.float(), targets[chosen]), int(real.sum())
+        return F.cross_entropy(at_least_fp32(logits), targets[chosen]), int(real.sum())
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Masked-token loss (nats), accuracy and perplexity on the held-out sequences."""
@@ -171,7 +172,7 @@ class MaskedLMTask:
         for i, index in enumerate(batches):
             inputs, real, targets = self._corrupt(self.valid, index, VALID_SEED + i, device)
             chosen = targets != IGNORE
-            logits = model(inputs, real, chosen).float()
+            logits = at_least_fp32(model(inputs, real, chosen))
             total += F.cross_entropy(logits, targets[chosen], reduction="sum").item()
             correct += int((logits.argmax(-1) == targets[chosen]).sum())
             count += int(chosen.sum())

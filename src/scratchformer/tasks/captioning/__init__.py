@@ -80,6 +80,7 @@ from scratchformer.tools.caption_figures import (
 )
 from scratchformer.training import Trainer, check_run, distributed
 from scratchformer.training.checkpoint import load_checked, update_config
+from scratchformer.training.precision import at_least_fp32
 
 __all__ = [
     "CaptioningRun",
@@ -177,7 +178,7 @@ class CaptioningTask:
             images = self.valid.inputs[start : start + 128].to(device)
             refs = [self.vocab.encode(r[0])[:limit] for r in self.valid.references[start : start + 128]]
             tgt_in, tgt_out = self._loss_inputs(refs, device)
-            logits = model(images, tgt_in).float()
+            logits = at_least_fp32(model(images, tgt_in))
             total += F.cross_entropy(
                 logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"
             ).item()
@@ -262,7 +263,7 @@ class SelfCriticalTask(CaptioningTask):
         tgt_in = torch.cat([torch.full_like(samples[:, :1], START), samples[:, :-1]], dim=1)
         logits = model(images, tgt_in, k)
         inner.train()
-        log_p = torch.log_softmax(logits.float(), dim=-1).gather(-1, samples[..., None])[..., 0]
+        log_p = torch.log_softmax(at_least_fp32(logits), dim=-1).gather(-1, samples[..., None])[..., 0]
         real = samples != PAD
         return -(advantage[:, None] * log_p * real).sum() / real.sum(), int(real.sum())
 

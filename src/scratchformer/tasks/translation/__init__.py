@@ -67,6 +67,7 @@ from scratchformer.tasks.translation.translator import (
 )
 from scratchformer.training import TrainConfig, distributed
 from scratchformer.training.checkpoint import resolve_checkpoint, update_config
+from scratchformer.training.precision import at_least_fp32
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
@@ -129,7 +130,7 @@ class TranslationTask:
             logits = model(pad_ids(s, device), pad_ids([[BOS] + x for x in t], device))
             n = int((tgt_out != PAD).sum())
             total += F.cross_entropy(
-                logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"
+                at_least_fp32(logits).flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"
             ).item()
             tokens += n
         scores = bleu_and_chrf(translator.translate(self.valid.sources, beam_size=1), self.valid.targets)

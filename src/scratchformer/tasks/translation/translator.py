@@ -183,18 +183,22 @@ class Translator:
         return {**bleu_and_chrf(hypotheses, references), "n": len(sources), "hypotheses": hypotheses}
 
     def with_precision(self, precision: str) -> Translator:
-        """This translator for serving at ``precision``: "fp32" (itself), "bf16" (a copy of the model
-        in bfloat16: half the memory; on the CPU a decoding step's single query still attends in
-        fp32, :class:`~scratchformer.fast.FastMultiHeadAttention`) or "int8" (a copy with every
-        linear map's weights in int8 and its inputs quantized on the fly, CPU only:
+        """This translator for serving at ``precision``: "auto" (bf16 where the device computes it
+        natively, else fp32: :mod:`~scratchformer.training.precision`), "fp32" (itself), "bf16" (a
+        copy of the model in bfloat16: half the memory; on the CPU a decoding step's single query
+        still attends in fp32, :class:`~scratchformer.fast.FastMultiHeadAttention`) or "int8" (a
+        copy with every linear map's weights in int8 and its inputs quantized on the fly, CPU only:
         :func:`~scratchformer.fast.quantized.quantize_int8`). Tokenizer, decoding settings and device
         are shared; this translator is not changed. Converts from fp32 only."""
         import copy
 
         from scratchformer.fast.quantized import model_precision, quantize_int8
+        from scratchformer.training.precision import resolve_precision
 
-        if precision not in ("fp32", "bf16", "int8"):
-            raise ValueError(f"precision: expected 'fp32', 'bf16' or 'int8', got {precision!r}")
+        if precision not in ("auto", "fp32", "bf16", "int8"):
+            raise ValueError(f"precision: expected 'auto', 'fp32', 'bf16' or 'int8', got {precision!r}")
+        if precision == "auto":  # bf16 where the device computes it natively, else fp32
+            precision = resolve_precision(precision, self.device)
         current = model_precision(self.model)
         if precision == current:
             return self
