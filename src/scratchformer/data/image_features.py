@@ -299,8 +299,14 @@ def _holding_lock(extract: Callable[..., ImageFeatures]) -> Callable[..., ImageF
     @functools.wraps(extract)
     def locked(*args: Any, **kwargs: Any) -> ImageFeatures:
         out = Path(inspect.signature(extract).bind(*args, **kwargs).arguments["out"])
-        with locks.held(out.with_name(out.name + ".lock"), f"features file {out}"):
-            return extract(*args, **kwargs)
+        made = not out.parent.exists()
+        try:
+            with locks.held(out.with_name(out.name + ".lock"), f"features file {out}"):
+                return extract(*args, **kwargs)
+        except BaseException:
+            if made and out.parent.is_dir() and not any(out.parent.iterdir()):
+                out.parent.rmdir()  # a refused extraction leaves no folder behind (the lock made it)
+            raise
 
     return locked
 
