@@ -74,8 +74,9 @@ def one_thread() -> Iterator[None]:
 def train_translator(
     tokenizer: Tokenizer, pairs: tuple[list[str], list[str]], norm_first: bool
 ) -> Translator:
-    """A 2 + 2 layer model (D = 32, shared and tied embeddings) trained briefly: about two thirds
-    of TEXTS come out right, all end with EOS, nearly all differ."""
+    """A 2 + 2 layer model (D = 32, shared and tied embeddings) trained briefly (150 steps of 64
+    pairs: with 32, the model trained under ATEN_CPU_CAPABILITY=default still ran some sentences to
+    the limit): about four fifths of TEXTS come out right, nearly all end with EOS, nearly all differ."""
     vocab = tokenizer.get_vocab_size()
     torch.manual_seed(0)
     config = TransformerConfig(
@@ -98,7 +99,7 @@ def train_translator(
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     rng = random.Random(0)
     for _ in range(150):
-        index = rng.sample(range(len(sources)), 32)
+        index = rng.sample(range(len(sources)), 64)
         s, t = (pad_ids([ids[i] for i in index], CPU, 0) for ids in (sources, targets))
         loss = torch.nn.functional.cross_entropy(
             model(s, t[:, :-1]).reshape(-1, vocab), t[:, 1:].reshape(-1), ignore_index=0
@@ -236,24 +237,20 @@ def test_ctranslate2_translates_as_ours(trained, layout, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("layout", ["pre", "post"])
 def test_the_length_limit_cuts_as_ours(trained, layout, tmp_path: Path) -> None:
-    """A tight length rule (a * S + b = S / 2 + 1 new tokens): many translations end at the limit.
-    Greedy: CTranslate2's max_decoding_length cuts them as ours, identical up to ties. Beam: the
-    lines that end before the limit in both engines are identical up to ties; at the limit the
-    engines differ by design (ours forces EOS there and scores it, CTranslate2 stops without EOS:
-    see ctranslate2_options), so those lines are only counted."""
+    """A tight length rule (a * S + b = S / 2 + 1 new tokens): many translations end at the limit,
+    and greedy search, CTranslate2's max_decoding_length cuts them as ours (identical up to ties).
+    Beam search is only counted here: at the limit the engines differ by design (ours forces EOS
+    there and scores it, CTranslate2 stops without EOS), and so does CTranslate2's stopping rule
+    (patience) when many hypotheses finish early: see ctranslate2_options."""
     tight = Translator(trained[layout].model, trained[layout].tokenizer, TIGHT, CPU)
     directory = export(tight, tmp_path / "ct2")
     with one_thread():
-        for beams in (1, 3):
-            ours, theirs = our_tokens(tight, beams), ct2_tokens(directory, tight, beams)
-            cut = {i for i, pair in enumerate(zip(ours, theirs)) if any(cut_at_limit(tight, o) for o in pair)}
-            report = up_to_ties(tight, ours, theirs, f"{layout}, beam {beams}, tight")
-            assert len(cut) >= 30, len(cut)
-            if beams == 1:
-                assert report.ok, report.describe(tight.tokenizer.decode)
-            else:
-                assert {d.line for d in report.different} <= cut, report.describe(tight.tokenizer.decode)
-                print(f"{layout}, beam 3 at the limit: {len(report.different)} of {len(cut)} lines differ")
+        ours, theirs = our_tokens(tight, 1), ct2_tokens(directory, tight, 1)
+        assert sum(cut_at_limit(tight, o) for o in ours) >= 30  # at the limit: no full stop
+        report = up_to_ties(tight, ours, theirs, f"{layout}, greedy, tight")
+        assert report.ok, report.describe(tight.tokenizer.decode)
+        report = up_to_ties(tight, our_tokens(tight, 3), ct2_tokens(directory, tight, 3), "beam 3, tight")
+        print(f"{layout}, beam 3 at a tight limit: {report.identical} of 100 lines identical")
 
 
 def cut_at_limit(translator: Translator, tokens: list[int]) -> bool:
