@@ -221,7 +221,7 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("top-k", ["translate", "--checkpoint", "x", "--top-k", "-1"], USAGE, "argument --top-k: must be >= 0"),
     ("max-new", ["translate", "--checkpoint", "x", "--max-new-tokens", "0"], USAGE, "--max-new-tokens"),
     ("sample-seed", ["translate", "--checkpoint", "x", "--sampling", "--seed", str(2**64)], USAGE, "--seed"),
-    ("precision", ["classify", "--checkpoint", "x", "--precision", "fp8"], USAGE, "unrecognized arguments"),
+    ("precision", ["classify", "--checkpoint", "x", "--precision", "fp8"], USAGE, "invalid choice: 'fp8'"),
     ("eval-precision", ["evaluate", "--checkpoint", "x", "--precision", "fp8"], USAGE, "invalid choice"),
     ("export-format", ["export", "--checkpoint", "x", "--out", "y", "--format", "tflite"], USAGE, "'tflite'"),
     ("export-no-out", ["export", "--checkpoint", "x"], USAGE, "the following arguments are required: --out"),
@@ -241,7 +241,7 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ),
     ("train-steps", ["train", "classifier", "--train", "x", "--max-steps", "0"], USAGE, "--max-steps"),
     ("train-threads", ["train", "classifier", "--train", "x", "--threads", "-2"], USAGE, "--threads"),
-    ("train-precision", ["train", "classifier", "--train", "x", "--precision", "fp64"], USAGE, "'fp64'"),
+    ("train-precision", ["train", "classifier", "--train", "x", "--precision", "fp8"], USAGE, "'fp8'"),
     ("features-no-out", ["features", "--images", "x"], USAGE, "the following arguments are required: --out"),
     # ---- bad flags found by the command, before any work ---------------------------------------
     (
