@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 
 from scratchformer.cli.options import add_generation_options, generation_options, positive, print_outputs
+from scratchformer.cli.paths import require_checkpoint, require_model_dir
 
 __all__ = ["add_caption", "add_classify", "add_embed", "add_similarity", "add_translate"]
 
@@ -53,10 +55,12 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _translate(args: argparse.Namespace) -> int:
+    options = generation_options(args)
+    require_checkpoint(args.checkpoint)  # the checks so far need no torch; the work below does
+
     from scratchformer.formats.hf_bert import refuse_engine_export
     from scratchformer.tasks.translation import load_translator, read_lines
 
-    options = generation_options(args)
     refuse_engine_export(args.checkpoint)  # an ONNX or CTranslate2 export: say how to run it
     translator = load_translator(args.checkpoint, device=args.device).with_precision(args.precision)
     config = translator.generation_config(**options)
@@ -119,6 +123,10 @@ def add_caption(sub: argparse._SubParsersAction) -> None:
 
 
 def _caption(args: argparse.Namespace) -> int:
+    options = generation_options(args)
+    for checkpoint in args.checkpoint:
+        require_checkpoint(checkpoint)  # the checks so far need no torch; the work below does
+
     from pathlib import Path
 
     import torch
@@ -127,7 +135,6 @@ def _caption(args: argparse.Namespace) -> int:
     from scratchformer.formats.hf_bert import refuse_engine_export
     from scratchformer.tasks.captioning.ensemble import load_ensemble
 
-    options = generation_options(args)
     for checkpoint in args.checkpoint:
         refuse_engine_export(checkpoint)
     if args.attention_png and len(args.checkpoint) > 1:
@@ -185,9 +192,11 @@ def add_classify(sub: argparse._SubParsersAction) -> None:
 def _classify(args: argparse.Namespace) -> int:
     import json
 
+    lines = list(_input_lines(args.texts, args.errors))  # read (and checked) before the model loads
+    require_checkpoint(args.checkpoint)  # the checks so far need no torch; the work below does
+
     from scratchformer.tasks.classification import load_classifier
 
-    lines = list(_input_lines(args.texts, args.errors))  # read (and checked) before the model loads
     clf = load_classifier(args.checkpoint, device=args.device)
     texts = [text for text, problem in lines if problem is None]
     lengths = clf.tokenizer.full_lengths(texts) if texts else []
@@ -247,6 +256,10 @@ def _add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _sentence_encoder(args: argparse.Namespace):
+    given = args.model or os.environ.get("SCRATCHFORMER_MODEL")
+    if given:
+        require_model_dir(given)  # the checks so far need no torch; the work below does
+
     from scratchformer.formats.hf_bert import default_model_dir
     from scratchformer.tasks.sentence_embedding import SentenceEncoder
 

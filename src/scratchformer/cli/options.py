@@ -4,6 +4,12 @@ evaluate, the printing of their outputs, and the kind of a checkpoint."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from scratchformer.cli.paths import require_checkpoint
 
 __all__ = [
     "add_generation_options",
@@ -86,16 +92,34 @@ def check_common_flags(args: argparse.Namespace) -> None:
     check_device(getattr(args, "device", None))
 
 
+# What torch.device reads, checked here without importing torch: a type, then optionally ":" and an
+# index (0, or digits with no leading zero; a C int), and the types torch names (its "Expected one
+# of ..." list). tests/cli/test_fast_cli.py checks both against torch.device.
+_DEVICE_STRING = re.compile(r"([a-zA-Z_]+)(?::(0|[1-9][0-9]*))?")
+TORCH_DEVICE_TYPES = frozenset(
+    "cpu cuda ipu xpu mkldnn opengl opencl ideep hip ve fpga maia xla lazy vulkan mps meta hpu mtia "
+    "privateuseone".split()
+)
+
+
 def check_device(name: str | None) -> None:
     """``--device``: auto (or not given), cpu, cuda, cuda:N or mps, and one this machine has; else a
-    ValueError naming it (not a RuntimeError from deep inside torch once the model is loaded)."""
+    ValueError naming it (not a RuntimeError from deep inside torch once the model is loaded). Only
+    cuda and mps import torch, to ask it whether the machine has them."""
     if name is None or name == "auto":
+        return
+    match = _DEVICE_STRING.fullmatch(name)
+    if match is None or match[1] not in TORCH_DEVICE_TYPES or int(match[2] or 0) >= 2**31:
+        raise ValueError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:N or mps)")
+    if match[1] not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device {name!r}: not supported (auto, cpu, cuda, cuda:N or mps)")
+    if match[1] == "cpu":
         return
     import torch
 
     try:
         device = torch.device(name)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError):  # what the pattern above lets through and torch refuses
         raise ValueError(f"--device {name!r}: not a device (auto, cpu, cuda, cuda:N or mps)") from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -105,11 +129,8 @@ def check_device(name: str | None) -> None:
             raise ValueError(
                 f"--device {name!r}: this machine has {count} CUDA device(s), cuda:0..{count - 1}"
             )
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ValueError(f"--device {name!r}: Apple's MPS is not available on this machine")
-    elif device.type != "cpu":
-        raise ValueError(f"--device {name!r}: not supported (auto, cpu, cuda, cuda:N or mps)")
+    elif not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name!r}: Apple's MPS is not available on this machine")
 
 
 _GENERATION_FLAGS = {
@@ -174,8 +195,7 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
 
 def generation_options(args: argparse.Namespace) -> dict:
     """The generation flags given, as GenerationConfig fields; checked here, before any loading."""
-    from scratchformer.generation import GenerationConfig
-
+    config_class = _generation_config_class()  # GenerationConfig
     options = {
         field: getattr(args, flag)
         for flag, field in _GENERATION_FLAGS.items()
@@ -192,8 +212,30 @@ def generation_options(args: argparse.Namespace) -> dict:
         options["do_sample"] = True
         options.setdefault("num_beams", 1)
     # An impossible combination is an error naming it, now (the recipe's beam size is not known yet).
-    GenerationConfig(**{"num_beams": options.get("num_return_sequences", 1), **options})
+    config_class(**{"num_beams": options.get("num_return_sequences", 1), **options})
     return options
+
+
+def _generation_config_class() -> type:
+    """GenerationConfig, to check the decoding flags before torch is imported. Its module,
+    generation/config.py, needs the standard library only, but importing it runs generation's
+    ``__init__``, which imports the decoders and torch: unless the package is loaded already, the file
+    is read on its own under a private name. That class only checks the flags; the decoding later
+    uses the package's own."""
+    loaded = sys.modules.get("scratchformer.generation.config")
+    if loaded is not None:
+        return loaded.GenerationConfig
+    name = "scratchformer.cli._generation_config"
+    path = Path(__file__).resolve().parent.parent / "generation" / "config.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses reads the module of a class it builds
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module.GenerationConfig
 
 
 def print_outputs(key: str, outputs: list, first: dict, as_json: bool, plain_prefix: str) -> None:
@@ -233,6 +275,7 @@ def checkpoint_kind(checkpoint: str) -> str:
     model, our classifier export (and any ``BertForSequenceClassification``) a text classifier. An
     ONNX or CTranslate2 export is an error saying how to run it; any other directory one naming what
     it holds (a Hugging Face export, or a config.json with no kind) and what the commands take."""
+    require_checkpoint(checkpoint)  # a missing path: named before torch is imported
     from scratchformer.formats.hf_bert import refuse_engine_export
     from scratchformer.formats.hf_classifier import is_classifier_export
     from scratchformer.formats.marian import is_marian_dir

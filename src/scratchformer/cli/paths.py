@@ -1,13 +1,16 @@
-"""Outputs never overwrite inputs: :func:`refuse_output_over_input`, which every command that writes
-a file next to what it reads can call before any work starts."""
+"""Checks of the paths a command is given, before any work starts and with the standard library only
+(a refusal must not wait for torch): outputs never overwrite inputs (:func:`refuse_output_over_input`),
+and a checkpoint, model directory or recipe that is not there is named with the message its loader
+would give (:func:`require_checkpoint`, :func:`require_model_dir`, :func:`require_recipe`)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["refuse_output_over_input"]
+__all__ = ["refuse_output_over_input", "require_checkpoint", "require_model_dir", "require_recipe"]
 
 
 def _same(output: Path, given: Path) -> bool:
@@ -46,3 +49,29 @@ def refuse_output_over_input(
                     "destroy what is read; "
                     "choose another output path"
                 )
+
+
+def require_checkpoint(path: str | Path) -> None:
+    """A FileNotFoundError if nothing is at ``path``, nor a checkpoint at ``path.old`` (where an
+    interrupted save leaves one): the message of training.checkpoint.resolve_checkpoint, which every
+    loader of a checkpoint (ours, Marian, BERT) reaches for a missing path. Anything that exists is
+    left to the loaders."""
+    path = Path(path)
+    if not path.exists() and not (path.with_name(path.name + ".old") / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} (expected config.json and model.safetensors there)")
+
+
+def require_model_dir(path: str | Path) -> None:
+    """A FileNotFoundError if nothing is at ``path`` (``--model`` of embed and similarity): the message
+    of SentenceEncoder.from_pretrained for a missing directory."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+
+
+def require_recipe(path: str | Path) -> None:
+    """A FileNotFoundError if nothing is at ``path`` (``train --config``): the one reading the recipe
+    would raise (``[Errno 2] No such file or directory: 'PATH'``)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))

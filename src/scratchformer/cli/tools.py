@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from scratchformer.cli.options import add_progress_option, add_threads_option, checkpoint_kind, positive, seed
+from scratchformer.cli.paths import require_checkpoint
 
 __all__ = ["add_attention", "add_demo", "add_export", "add_features", "add_shapes"]
 
@@ -207,6 +208,8 @@ def add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    require_checkpoint(args.checkpoint)  # a missing path: named before torch is imported
+
     from scratchformer.formats.hf_files import check_new_directory
 
     check_new_directory(args.out)  # before any loading
@@ -298,6 +301,8 @@ def add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _attention(args: argparse.Namespace) -> int:
+    require_checkpoint(args.checkpoint)  # a missing path: named before torch is imported
+
     from scratchformer.tasks.translation import load_translator, translation_attention_maps
 
     translation, written = translation_attention_maps(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from scratchformer.cli.options import add_progress_option, add_threads_option, positive, seed
+from scratchformer.cli.paths import require_recipe
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR, default_data_dir
 
 __all__ = ["add_train"]
@@ -140,9 +141,6 @@ def _run_recipe(args: argparse.Namespace, recipe, run, summarize=None) -> int:
 
 
 def _train_classifier(args: argparse.Namespace) -> int:
-    from scratchformer.tasks.classification import ClassifierRecipe, train_classifier
-    from scratchformer.training.recipe import load_recipe
-
     overrides: dict = {}
     if args.train:
         overrides["train_file"] = args.train
@@ -152,6 +150,12 @@ def _train_classifier(args: argparse.Namespace) -> int:
         overrides["pretrained"] = args.pretrained
     if not (args.config or args.train or any(s.startswith("train_file=") for s in args.sets)):
         raise ValueError("give --config RECIPE.json or --train FILE")
+    if args.config:
+        require_recipe(args.config)  # the checks so far need no torch; the work below does
+
+    from scratchformer.tasks.classification import ClassifierRecipe, train_classifier
+    from scratchformer.training.recipe import load_recipe
+
     # without --config, the recipe's defaults, with --set and the flags
     recipe = load_recipe(ClassifierRecipe, args.config, args.sets, train=_train_overrides(args), **overrides)
 
@@ -180,12 +184,16 @@ def _train_from_recipe(args: argparse.Namespace, recipe_cls: type, run, **overri
 
 
 def _train_translation(args: argparse.Namespace) -> int:
+    require_recipe(args.config)  # before torch is imported
+
     from scratchformer.tasks.translation import TranslationRecipe, train_translation
 
     return _train_from_recipe(args, TranslationRecipe, train_translation)
 
 
 def _train_mlm(args: argparse.Namespace) -> int:
+    require_recipe(args.config)  # before torch is imported
+
     from scratchformer.tasks.masked_lm import MLMRecipe, pretrain_mlm
 
     return _train_from_recipe(
@@ -194,6 +202,8 @@ def _train_mlm(args: argparse.Namespace) -> int:
 
 
 def _train_captioner(args: argparse.Namespace) -> int:
+    require_recipe(args.config)  # before torch is imported
+
     from scratchformer.tasks.captioning import CaptioningRecipe, train_captioner
 
     return _train_from_recipe(args, CaptioningRecipe, train_captioner)
