@@ -150,7 +150,7 @@ def test_a_classifier_needs_no_file_to_be_set(trained) -> None:
         ("classifier", "imdb", "text_field=3", "text_field must be a string, got 3"),
         ("classifier", "imdb", "lowercase=1", "lowercase must be true or false, got 1"),
         ("classifier", "imdb", "model=null", "model must be an object, got None"),
-        ("classifier", "imdb", "model.dropuot=0.2", "model: .*dropuot"),
+        ("classifier", "imdb", "model.dropuot=0.2", r"under 'model': \['dropuot'\]; did you mean dropout"),
         ("translation", "multi30k_de_en", "decoding.beam=4", r"decoding: unknown keys \['beam'\]"),
         ("captioner", "shapes_captioning", "scst.steps=0", "scst: expected"),
         ("captioner", "shapes_captioning", "splits.test=3", "splits.test: expected a split name"),

@@ -169,7 +169,7 @@ def test_the_original_translator_is_untouched(translator: Translator) -> None:
 
 
 def test_bad_requests_are_refused(translator: Translator) -> None:
-    with pytest.raises(ValueError, match="expected 'fp32', 'bf16' or 'int8', got 'fp16'"):
+    with pytest.raises(ValueError, match="expected 'auto', 'fp32', 'bf16' or 'int8', got 'fp16'"):
         translator.with_precision("fp16")
     with pytest.raises(ValueError, match="this translator is bf16; load it again"):
         translator.with_precision("bf16").with_precision("int8")

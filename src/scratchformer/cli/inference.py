@@ -8,7 +8,14 @@ import os
 import sys
 from collections.abc import Iterator
 
-from scratchformer.cli.options import add_generation_options, generation_options, positive, print_outputs
+from scratchformer.cli.options import (
+    add_generation_options,
+    add_precision_option,
+    generation_options,
+    positive,
+    print_outputs,
+    resolve_precision,
+)
 from scratchformer.cli.paths import require_checkpoint, require_model_dir
 
 __all__ = ["add_caption", "add_classify", "add_embed", "add_similarity", "add_translate"]
@@ -43,11 +50,10 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
         help='one {"translation_text", "score", "tokens", "nbest", ...} per line',
     )
     translate.add_argument("--device", default="auto")
-    translate.add_argument(
-        "--precision",
-        choices=["fp32", "bf16", "int8"],
-        default="fp32",
-        help="fp32 (default), bf16 weights, or int8 linear layers (dynamic quantization, CPU only)",
+    add_precision_option(
+        translate,
+        ("fp32", "bf16", "int8"),
+        " (bf16 weights), int8 (linear layers, dynamic quantization, CPU)",
     )
     _add_errors_option(translate)
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")
@@ -62,7 +68,8 @@ def _translate(args: argparse.Namespace) -> int:
     from scratchformer.tasks.translation import load_translator, read_lines
 
     refuse_engine_export(args.checkpoint)  # an ONNX or CTranslate2 export: say how to run it
-    translator = load_translator(args.checkpoint, device=args.device).with_precision(args.precision)
+    translator = load_translator(args.checkpoint, device=args.device)
+    translator = translator.with_precision(resolve_precision(args.precision, translator.device))
     config = translator.generation_config(**options)
     if args.prefix:
         _warn_unknown("--prefix pieces", translator.unknown_prefix_pieces(args.prefix))
@@ -119,6 +126,7 @@ def add_caption(sub: argparse._SubParsersAction) -> None:
         "(several images: NAME-0.png, NAME-1.png, ...)",
     )
     caption.add_argument("--device", default="auto")
+    add_precision_option(caption, ("fp32", "bf16"), " (autocast)")
     caption.set_defaults(func=_caption)
 
 
@@ -150,9 +158,11 @@ def _caption(args: argparse.Namespace) -> int:
         images, photos = captioner.photo_features(args.images)
     else:  # a bad image is a ValueError or OSError naming it: `error: ...`, exit code 2
         images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
-    results = captioner.generate(
-        images, captioner.generation_config(**options), prefix=args.prefix, seed=args.seed
-    )
+    bf16 = resolve_precision(args.precision, captioner.device) == "bf16"
+    with torch.autocast(captioner.device.type, dtype=torch.bfloat16, enabled=bf16):
+        results = captioner.generate(
+            images, captioner.generation_config(**options), prefix=args.prefix, seed=args.seed
+        )
     for path, outputs in zip(args.images, results):
         print_outputs("generated_text", outputs, {"image": str(path)}, args.json, f"{path}\t")
     if args.attention_png:
@@ -180,6 +190,7 @@ def add_classify(sub: argparse._SubParsersAction) -> None:
     classify.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
     classify.add_argument("--batch-size", type=positive, default=64)
     classify.add_argument("--device", default="auto")
+    add_precision_option(classify, ("fp32", "bf16"), " (autocast)")
     classify.add_argument(
         "--json",
         action="store_true",
@@ -200,7 +211,8 @@ def _classify(args: argparse.Namespace) -> int:
     clf = load_classifier(args.checkpoint, device=args.device)
     texts = [text for text, problem in lines if problem is None]
     lengths = clf.tokenizer.full_lengths(texts) if texts else []
-    answers = iter(zip(clf.predict(texts, batch_size=args.batch_size), lengths) if texts else [])
+    precision = resolve_precision(args.precision, clf.device)
+    answers = iter(zip(clf.predict(texts, args.batch_size, precision), lengths) if texts else [])
     for text, problem in lines:
         if problem is not None:
             _print_flagged({"text": text, "label": None, "score": None}, problem, args.json)

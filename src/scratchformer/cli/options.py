@@ -149,6 +149,30 @@ _GENERATION_FLAGS = {
 }
 
 
+def add_precision_option(parser: argparse.ArgumentParser, choices: tuple[str, ...], more: str = "") -> None:
+    """``--precision``, by default "auto": bf16 where the device computes it natively (AMX or
+    AVX512_BF16 on a CPU, a CUDA GPU with bf16), fp32 elsewhere."""
+    parser.add_argument(
+        "--precision",
+        choices=["auto", *choices],
+        default="auto",
+        help="auto (default: bf16 where the device computes it natively, AMX or AVX512_BF16 on a CPU, "
+        f"else fp32), {', '.join(choices)}{more}",
+    )
+
+
+def resolve_precision(precision: str, device) -> str:
+    """The precision ``--precision`` means on ``device`` ("auto" resolved); an explicit bf16 that
+    the device would emulate, many times slower than fp32, is warned about on stderr first."""
+    from scratchformer.training.precision import bf16_warning
+    from scratchformer.training.precision import resolve_precision as resolve
+
+    warning = bf16_warning(precision, device)
+    if warning:
+        print(warning, file=sys.stderr)
+    return resolve(precision, device) if precision == "auto" else precision
+
+
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     """The decoding flags of translate, caption and evaluate; unset ones keep the recipe's ``decoding``."""
     g = parser.add_argument_group("generation (default: the recipe's decoding section)")

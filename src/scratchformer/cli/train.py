@@ -80,7 +80,11 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
         "max_steps (which would stop training first) unless --max-steps is given too",
     )
     parser.add_argument("--max-steps", type=positive, help="optimizer steps in total (instead of epochs)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16", "fp16", "fp64"],
+        help="auto: bf16 where the device computes it natively (AMX or AVX512_BF16; CUDA), else fp32",
+    )
     parser.add_argument("--device")
     add_threads_option(parser)
     parser.add_argument("--seed", type=seed)

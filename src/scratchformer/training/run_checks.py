@@ -160,13 +160,17 @@ def holds_a_run(out_dir: str | Path) -> bool:
     """Whether ``out_dir`` holds what a run of ours wrote, so that ``overwrite`` may delete its
     outputs: a checkpoint folder (``last/``, ``best/``, ...) whose config.json records its
     ``training`` settings, or the ``recipe.json`` a task's run writes (with ``train.out_dir``). A
-    user's own ``report.json`` or ``metrics.jsonl`` in a folder without either is never deleted."""
+    user's own ``report.json`` or ``metrics.jsonl`` in a folder without either is never deleted.
+    A phase of a run in a subfolder of it (captioning's ``scst/``) is the run's too."""
     out = Path(out_dir)
     for name in earlier_run(out):
         config = _json(out / name / "config.json")  # (None for a file, e.g. report.json)
         if isinstance(config, dict) and isinstance(config.get("training"), dict):
             return True
-    recipe = _json(out / "recipe.json")
+    return any(_is_a_runs_recipe(_json(folder / "recipe.json")) for folder in (out, out.absolute().parent))
+
+
+def _is_a_runs_recipe(recipe: Any) -> bool:
     return isinstance(recipe, dict) and isinstance(recipe.get("train"), dict) and "out_dir" in recipe["train"]
 
 
