@@ -24,7 +24,7 @@ def out_path(text: str) -> str:
 def add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="train a tiny encoder-decoder on a synthetic task (offline, < 1 min)")
     demo.add_argument("--task", choices=["reverse", "sort"], default="reverse")
-    demo.add_argument("--steps", type=positive, default=700, help="training steps (default 700)")
+    demo.add_argument("--steps", type=positive, default=450, help="training steps (default 450)")
     demo.add_argument("--seed", type=seed, default=0)
     add_threads_option(demo)
     add_progress_option(demo)

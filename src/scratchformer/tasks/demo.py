@@ -40,7 +40,7 @@ TASKS = ("reverse", "sort")
 @dataclass
 class DemoConfig:
     task: str = "reverse"
-    steps: int = 700
+    steps: int = 450
     batch_size: int = 64
     min_len: int = 3
     max_len: int = 10
