@@ -189,6 +189,18 @@ SYSTEMS = (
 )
 
 
+def systems(not_run: dict[str, str]) -> list[str]:
+    """The SYSTEMS this CPU runs: ours in bf16 only where it computes bf16 natively (elsewhere it is
+    emulated, ~20x slower than fp32: ``not_run`` gets the reason instead of hours of measuring)."""
+    from scratchformer.training.precision import native_bf16
+
+    if not native_bf16(torch.device("cpu")):
+        not_run["scratchformer bf16"] = (
+            "this CPU has no AMX or AVX512_BF16: bf16 is emulated, ~20x slower than fp32"
+        )
+    return [name for name in SYSTEMS if name not in not_run]
+
+
 def build_system(name: str, translator, tools: Tools, folder: Path, threads: int) -> Translate:
     """One system of the table; ``folder`` holds the exports (``hf/``, ``ct2/``)."""
     if name.startswith("scratchformer"):
@@ -226,7 +238,7 @@ def translation_rows(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any
         translator.save_pretrained(Path(tmp) / "hf", "hf")
         translator.save_pretrained(Path(tmp) / "ct2", "ctranslate2")
         spawn = multiprocessing.get_context("spawn")
-        for name in SYSTEMS:
+        for name in systems(not_run := {}):
             with ProcessPoolExecutor(1, mp_context=spawn) as pool:
                 row, outputs[name] = pool.submit(measure_in_process, name, args, Path(tmp)).result()
             rows.append(row)
@@ -235,6 +247,7 @@ def translation_rows(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any
         same_as_ours(row, translator, texts, reference, outputs[row.system])
     settings = {"sentences": len(reference), "beam": tools.beam, "length_penalty": tools.length_penalty}
     settings["ties_within"] = 1e-4  # lines = ours: identical, or scored within this by our fp32 model
+    settings |= {"not_run": not_run} if not_run else {}
     return rows, settings | {"max_new_tokens": f"{tools.a} * S + {tools.b}", "batch1_sentences": args.batch1}
 
 
@@ -329,6 +342,9 @@ def write_markdown(path: Path, rows: list[Row], settings: dict[str, Any], classi
             f"| {base.batch1_sentences_s / r.batch1_sentences_s:.2f}x "
             f"| {r.bleu:.2f} | {100 * r.identical_to_ours:.1f}% | {r.tied_with_ours} |"
         )
+    lines += [
+        f"| {system} | not run: {why} |" + " |" * 9 for system, why in settings.get("not_run", {}).items()
+    ]
     if classifier:
         lines += [
             "",
