@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time, _EXPORTS b
     from scratchformer.models.pooling import masked_mean, pool
     from scratchformer.tasks.sentence_embedding import SentenceEncoder
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"
 
 # Each public name -> the module that defines it, imported when the name is first used (PEP 562), so
 # that `import scratchformer` (and the command line's --help, --version and refusals of bad arguments)
