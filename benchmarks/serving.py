@@ -239,8 +239,11 @@ def translation_rows(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any
         translator.save_pretrained(Path(tmp) / "ct2", "ctranslate2")
         spawn = multiprocessing.get_context("spawn")
         for name in systems(not_run := {}):
-            with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-                row, outputs[name] = pool.submit(measure_in_process, name, args, Path(tmp)).result()
+            if args.in_process:  # (the tests: the same code, no process started per system)
+                row, outputs[name] = measure_in_process(name, args, Path(tmp))
+            else:
+                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                    row, outputs[name] = pool.submit(measure_in_process, name, args, Path(tmp)).result()
             rows.append(row)
     reference = outputs["scratchformer fp32"]
     for row in rows:
@@ -396,6 +399,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds of the classifier rows")
     parser.add_argument("--no-classifier", action="store_true", help="skip the ONNX Runtime classifier rows")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="measure every system in this process (faster to run; default: each in a fresh one, "
+        "so that no engine's idle threads slow another's)",
+    )
     parser.add_argument(
         "--profile", action="store_true", help="only profile ours at batch 32 (profile-serving-B32-fp32.txt)"
     )

@@ -34,7 +34,23 @@ def test_serving_benchmark_at_toy_scale(tmp_path: Path) -> None:
     argv = ["--checkpoint", str(checkpoint), "--data", str(tmp_path / "data"), "--sentences", "12"]
     threads = torch.get_num_threads()
     try:
-        assert main([*argv, "--batch1", "3", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    *argv,
+                    "--batch1",
+                    "3",
+                    "--repeats",
+                    "1",
+                    "--threads",
+                    "1",
+                    "--in-process",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)  # (main sets it for the process; later tests use the default)
     result = json.loads((out / "serving-cpu.json").read_text())

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from scratchformer.training.checkpoint import load_training_state, resolve_checkpoint
 
 WORKER = Path(__file__).parent / "fault_worker.py"
-KILLS = 4
+KILLS = 3
 
 
 def launch(out: Path) -> subprocess.Popen:
