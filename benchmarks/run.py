@@ -27,7 +27,7 @@ import torch
 from benchmarks.harness import Group, run_group
 from benchmarks.report import machine_description, targets, write_markdown, write_png
 from benchmarks.suite import BUILDERS, GROUPS, ONCE, PRECISIONS, SIZES, Size
-from scratchformer.training.precision import native_bf16
+from scratchformer.training.precision import native_bf16, no_native_bf16
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -96,8 +96,7 @@ def emulated_bf16(name: str, precision: str, device: torch.device) -> Group | No
     None: run it."""
     if not (precision == "bf16" or name == "precision") or native_bf16(device):
         return None
-    why = "this CPU has no AMX or AVX512_BF16" if device.type == "cpu" else f"{device} has no native bf16"
-    note = f"not run: {why}, so bf16 is emulated there, about 20x slower than fp32"
+    note = f"not run: {no_native_bf16(device)}, so bf16 is emulated there, about 20x slower than fp32"
     return Group(name, [], repeats=0, note=note, precision=precision)
 
 

@@ -192,12 +192,11 @@ SYSTEMS = (
 def systems(not_run: dict[str, str]) -> list[str]:
     """The SYSTEMS this CPU runs: ours in bf16 only where it computes bf16 natively (elsewhere it is
     emulated, ~20x slower than fp32: ``not_run`` gets the reason instead of hours of measuring)."""
-    from scratchformer.training.precision import native_bf16
+    from scratchformer.training.precision import native_bf16, no_native_bf16
 
-    if not native_bf16(torch.device("cpu")):
-        not_run["scratchformer bf16"] = (
-            "this CPU has no AMX or AVX512_BF16: bf16 is emulated, ~20x slower than fp32"
-        )
+    cpu = torch.device("cpu")
+    if not native_bf16(cpu):
+        not_run["scratchformer bf16"] = f"{no_native_bf16(cpu)}: bf16 is emulated, ~20x slower than fp32"
     return [name for name in SYSTEMS if name not in not_run]
 
 

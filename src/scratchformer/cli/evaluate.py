@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scratchformer.cli.options import add_generation_options, checkpoint_kind, generation_options, positive
+from scratchformer.cli.options import (
+    add_generation_options,
+    checkpoint_kind,
+    generation_options,
+    positive,
+    precision_autocast,
+)
 from scratchformer.cli.paths import refuse_output_over_input
 
 __all__ = ["add_evaluate"]
@@ -145,7 +151,7 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines")
     translator = load_translator(args.checkpoint, device=args.device)
-    with _autocast(translator.device, args.precision):
+    with precision_autocast(translator.device, args.precision):
         scores = translator.evaluate(
             sources,
             references,
@@ -174,7 +180,7 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
             + ("the images themselves" if captioner.model.config.input == "pixels" else "the feature files")
         )
     examples = _caption_examples(args, captioner)
-    with _autocast(captioner.device, args.precision):
+    with precision_autocast(captioner.device, args.precision):
         scores = captioner.evaluate(
             examples,
             config=captioner.generation_config(**args.generation),
@@ -221,13 +227,6 @@ def _caption_examples(args: argparse.Namespace, captioner):
             args.captions, args.images, config.image_size if config.input == "pixels" else None
         )[0]
     return CaptionExamples(captioner.corpus_features(corpus, args.features), corpus.references)
-
-
-def _autocast(device, precision: str):
-    """Translation and captioning evaluation under ``--precision`` (bf16: autocast, as a classifier's)."""
-    import torch
-
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def _print_scores(args: argparse.Namespace, scores: dict, line: str) -> int:

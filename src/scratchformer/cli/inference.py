@@ -13,6 +13,7 @@ from scratchformer.cli.options import (
     add_precision_option,
     generation_options,
     positive,
+    precision_autocast,
     print_outputs,
     resolve_precision,
 )
@@ -158,8 +159,7 @@ def _caption(args: argparse.Namespace) -> int:
         images, photos = captioner.photo_features(args.images)
     else:  # a bad image is a ValueError or OSError naming it: `error: ...`, exit code 2
         images = torch.stack([captioner.load_image(p, resize=args.resize) for p in args.images])
-    bf16 = resolve_precision(args.precision, captioner.device) == "bf16"
-    with torch.autocast(captioner.device.type, dtype=torch.bfloat16, enabled=bf16):
+    with precision_autocast(captioner.device, resolve_precision(args.precision, captioner.device)):
         results = captioner.generate(
             images, captioner.generation_config(**options), prefix=args.prefix, seed=args.seed
         )

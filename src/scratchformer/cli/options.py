@@ -173,6 +173,14 @@ def resolve_precision(precision: str, device) -> str:
     return resolve(precision, device) if precision == "auto" else precision
 
 
+def precision_autocast(device, precision: str):
+    """Inference under a resolved ``precision`` (bf16: autocast, as a classifier's): evaluate's
+    translation and captioning, and caption."""
+    import torch
+
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     """The decoding flags of translate, caption and evaluate; unset ones keep the recipe's ``decoding``."""
     g = parser.add_argument_group("generation (default: the recipe's decoding section)")

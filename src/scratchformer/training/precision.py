@@ -27,6 +27,7 @@ __all__ = [
     "bf16_warning",
     "cpu_has_native_bf16",
     "native_bf16",
+    "no_native_bf16",
     "resolve_precision",
 ]
 
@@ -62,15 +63,20 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if native_bf16(device) else "fp32"
 
 
+def no_native_bf16(device: torch.device) -> str:
+    """What ``device`` lacks to compute bf16 natively, for a message (where :func:`native_bf16` is
+    False)."""
+    return "this CPU has no AMX or AVX512_BF16" if device.type == "cpu" else f"{device} has no native bf16"
+
+
 def bf16_warning(precision: str, device: torch.device) -> str | None:
     """One line saying that bf16 will be many times slower than fp32 on ``device`` (None where it
     is not bf16, or the device computes bf16 natively)."""
     if precision != "bf16" or native_bf16(device):
         return None
-    what = "this CPU has no AMX or AVX512_BF16" if device.type == "cpu" else f"{device} has no native bf16"
     return (
-        f"warning: precision 'bf16': {what}, so bf16 is emulated and runs many times (~20x) slower "
-        "than fp32 here; 'auto' or 'fp32' is faster"
+        f"warning: precision 'bf16': {no_native_bf16(device)}, so bf16 is emulated and runs many "
+        "times (~20x) slower than fp32 here; 'auto' or 'fp32' is faster"
     )
 
 
