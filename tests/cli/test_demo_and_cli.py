@@ -43,32 +43,44 @@ def test_demo_config_rejects_unknown_task() -> None:
         DemoConfig(task="add")
 
 
-def test_demo_cli_learns_reversal(capsys, monkeypatch, tmp_path) -> None:
-    """The real demo (full size): greedy decoding of held-out inputs must be near perfect, and the
-    picture it draws shows why: the last decoder layer's cross-attention is an anti-diagonal."""
+def test_demo_cli_learns_reversal(demo_verbatim) -> None:
+    """The real demo (full size, ``scratchformer demo`` as README.md runs it): greedy decoding of
+    held-out inputs must be near perfect, and the picture it draws shows why: the last decoder
+    layer's cross-attention is an anti-diagonal."""
+    done, work = demo_verbatim
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    accuracy = float(re.search(r"exact-match accuracy ([\d.]+)%", out).group(1))
+    assert accuracy >= 95.0, out
+    assert out.rstrip("\n").splitlines()[-1] == f"attention map: {DemoConfig.figure}"
+    assert_png(work / DemoConfig.figure)
+    mirror = re.search(r"\(the anti-diagonal\): ([\d.]+)% \((\d+) -> (\d+)\)", out)
+    assert float(mirror.group(1)) > 50.0, out  # output digit t looks at source digit n-1-t
+    assert len(mirror.group(2)) >= 8 and mirror.group(3) == mirror.group(2)[::-1], out
+
+
+def test_demo_cli_prints_the_attention_it_draws(capsys, monkeypatch, tmp_path) -> None:
+    """A short run in-process: the map drawn is the last decoder layer's cross-attention (4 heads
+    averaged, rows summing to 1) of a held-out input fed with its right answer, and the printed
+    anti-diagonal share is the mean weight on column n-1-t of the answer's rows t."""
     results = []
     monkeypatch.setattr(demo, "run_demo", lambda *a, **k: results.append(run_demo(*a, **k)) or results[-1])
     figure = tmp_path / "figures" / "attention.png"
-    assert main(["demo", "--no-progress", "--figure", str(figure)]) == 0
+    assert main(["demo", "--no-progress", "--steps", "20", "--figure", str(figure)]) == 0
     out = capsys.readouterr().out
-    accuracy = float(re.search(r"exact-match accuracy ([\d.]+)%", out).group(1))
-    assert accuracy >= 95.0, out
-
     assert out.rstrip("\n").splitlines()[-1] == f"attention map: {figure}"
     assert_png(figure)
     (result,) = results
     attention = result.attention
     n = len(attention.source)
-    assert n >= 8 and attention.target == attention.source[::-1]
+    assert n >= 3 and attention.target == attention.source[::-1]
     assert attention.layer == 2 and attention.heads == 4
     weights = attention.weights  # (n + 1, n): the answer's digits and </s>, by the source digits
     assert weights.shape == (n + 1, n)
     torch.testing.assert_close(weights.sum(dim=-1), torch.ones(n + 1))
-    # output digit t is source digit n-1-t: each row's weight on that column, on average
     on_mirror = torch.stack([weights[t, n - 1 - t] for t in range(n)]).mean().item()
-    assert on_mirror > 0.5, f"{on_mirror:.1%} of the attention on the anti-diagonal\n{weights}"
     assert attention.mirror_mass == pytest.approx(on_mirror)
-    assert f"(the anti-diagonal): {on_mirror:.1%}" in out
+    assert f"(the anti-diagonal): {on_mirror:.1%} ({attention.source} -> {attention.target})" in out
 
 
 def test_demo_no_figure_writes_nothing(capsys, monkeypatch, tmp_path) -> None:

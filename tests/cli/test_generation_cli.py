@@ -10,20 +10,17 @@ import sys
 import threading
 
 import pytest
-from tasks.test_translation import tiny_recipe
 
 from scratchformer.cli import main
-from scratchformer.tasks.translation import train_translation
 
 SOURCES = ["Ein rot hund läuft.", "Ein klein katze schläft."]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> tuple[str, object]:
-    tmp = tmp_path_factory.mktemp("mt")
-    recipe = tiny_recipe(tmp)
-    report = train_translation(recipe)
-    return str(tmp / "run" / report["test_checkpoint"]), recipe
+def checkpoint(tiny_translation) -> tuple[str, object]:
+    """The session's tiny translator (conftest.py): its checkpoint's path and its recipe."""
+    recipe, report, run = tiny_translation
+    return str(run / report["test_checkpoint"]), recipe
 
 
 def run(capsys, *args: str) -> list[str]:

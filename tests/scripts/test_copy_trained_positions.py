@@ -3,10 +3,10 @@
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from forked import run_cli
 from safetensors.torch import load_file, save_file
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "copy_trained_positions.py"
@@ -14,7 +14,9 @@ KEY = "bert.embeddings.position_embeddings.weight"
 
 
 def _run(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
+    """``python scripts/copy_trained_positions.py ARGS``, forked from a process that has imported
+    torch once (tests/forked.py)."""
+    return run_cli(list(map(str, args)), script=SCRIPT)
 
 
 def _encoder(directory: Path, rows: int = 10, trained: int = 4) -> dict[str, torch.Tensor]:

@@ -109,20 +109,19 @@ def tiny_recipe(tmp_path: Path, **train) -> TranslationRecipe:
     )
 
 
-def test_tiny_translation_is_learned_and_decoded(tmp_path: Path) -> None:
-    report = train_translation(tiny_recipe(tmp_path))
+def test_tiny_translation_is_learned_and_decoded(tiny_translation) -> None:
+    _, report, run = tiny_translation  # conftest.py: tiny_recipe trained once for the session
     assert report["test"]["bleu"] > 90.0, report
     assert report["test_checkpoint"] in ("best", "averaged")
-    translator = load_translator(tmp_path / "run" / report["test_checkpoint"], device="cpu")
+    translator = load_translator(run / report["test_checkpoint"], device="cpu")
     assert translator.translate(["Ein rot hund läuft."]) == ["A red dog runs."]
     assert translator.translate(["Ein rot hund läuft."], beam_size=1) == ["A red dog runs."]
-    assert len(list((tmp_path / "run").glob("step-*"))) == 2  # kept for averaging
+    assert len(list(run.glob("step-*"))) == 2  # kept for averaging
 
 
-def test_cli_translate_evaluate_attention(tmp_path: Path, capsys, monkeypatch) -> None:
-    recipe = tiny_recipe(tmp_path)
-    report = train_translation(recipe)
-    checkpoint = str(tmp_path / "run" / report["test_checkpoint"])
+def test_cli_translate_evaluate_attention(tiny_translation, tmp_path: Path, capsys, monkeypatch) -> None:
+    recipe, report, run = tiny_translation
+    checkpoint = str(run / report["test_checkpoint"])
     capsys.readouterr()
     monkeypatch.setattr("sys.stdin", iter(["Ein klein katze schläft.\n", "Ein blau mann läuft.\n"]))
     assert main(["translate", "--checkpoint", checkpoint, "--beam", "3", "--device", "cpu"]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -103,20 +104,30 @@ def test_only_rank_0_writes_logs_and_checkpoints(runs: Path) -> None:
     assert sorted(p.name for p in full.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
-def test_a_failing_rank_ends_the_whole_job_with_an_error(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], float, Path]:
+    """The crash scenario, launched once: (torchrun's result, seconds it took, its folder, whose
+    crash/ the resume test copies before resuming it)."""
+    out = tmp_path_factory.mktemp("ddp-crash")
+    start = time.monotonic()
+    done = torchrun(out, "crash")
+    return done, time.monotonic() - start, out
+
+
+def test_a_failing_rank_ends_the_whole_job_with_an_error(crashed) -> None:
     # Rank 0 is blocked in the next step's gradient all-reduce when rank 1 dies: torchrun must
     # stop it and fail, well before the 30-minute process-group timeout (and the test's 5 minutes).
-    start = time.monotonic()
-    done = torchrun(tmp_path, "crash")
+    done, seconds, out = crashed
     assert done.returncode != 0
     assert "deliberate failure on rank 1 at step 13" in done.stdout + done.stderr
-    assert time.monotonic() - start < LAUNCH_TIMEOUT_S
-    assert torch.load(tmp_path / "crash" / "last" / "training_state.pt", weights_only=True)["step"] == 10
+    assert seconds < LAUNCH_TIMEOUT_S
+    assert torch.load(out / "crash" / "last" / "training_state.pt", weights_only=True)["step"] == 10
 
 
-def test_resumed_ddp_run_matches_the_uninterrupted_one(runs: Path, tmp_path: Path) -> None:
-    crashed = torchrun(tmp_path, "crash")
-    assert crashed.returncode != 0
+def test_resumed_ddp_run_matches_the_uninterrupted_one(runs: Path, crashed, tmp_path: Path) -> None:
+    crashed_run, _, out = crashed
+    assert crashed_run.returncode != 0
+    shutil.copytree(out / "crash", tmp_path / "crash")  # resumed here, the crash left as it was
     succeed(tmp_path, "resume")
     uninterrupted = losses(runs / "full")
     assert len(uninterrupted) == 20
