@@ -26,6 +26,7 @@ from torch import Tensor, nn
 import scratchformer as sf
 from benchmarks.harness import Case, Group
 from scratchformer.generation import beam_search
+from scratchformer.generation.fast_beam import fast_beam_search
 from scratchformer.training.optimizer import FUSED_ADAMW_DEVICES
 
 FAST, SLOW = "torch.nn fast path", "torch.nn fast path off"
@@ -400,6 +401,7 @@ def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Gr
             steps: int = size.new_tokens,
             src: Tensor = src,
             top_p: float = 0.0,
+            fast: bool = False,
         ) -> object:
             if top_p:
                 config = sf.GenerationConfig(
@@ -411,7 +413,7 @@ def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Gr
                 )
                 return sf.generate(model, src, config, seed=0)
             if beam:
-                return beam_search(
+                return (fast_beam_search if fast else beam_search)(
                     model, src, bos_id=1, eos_id=eos, beam_size=beam, max_len_a=0.0, max_len_b=steps
                 )
             out = sf.greedy_decode(
@@ -449,6 +451,15 @@ def decoding_groups(size: Size, device: torch.device, precision: str) -> list[Gr
                 references=("greedy, KV cache",),
                 precision=precision,
                 warmup_fn=partial(decode, True, beam=5, steps=short),
+            ),
+            Case(
+                row,
+                "beam 5, fast (fast_beam_search)",
+                partial(decode, True, beam=5, fast=True),
+                n,
+                references=("beam 5, KV cache",),
+                precision=precision,
+                warmup_fn=partial(decode, True, beam=5, steps=short, fast=True),
             ),
             Case(
                 row,

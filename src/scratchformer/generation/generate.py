@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from scratchformer.generation.beam import Hypothesis, beam_search
+from scratchformer.generation.beam import Hypothesis
 from scratchformer.generation.config import GenerationConfig
+from scratchformer.generation.fast_beam import fast_beam_search
 from scratchformer.generation.interface import EncoderDecoder, max_decode_length
 from scratchformer.generation.rules import StepRules
 from scratchformer.generation.stepwise import decode_stepwise
@@ -95,8 +96,8 @@ def generate(
             "(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)"
         )
     rules = StepRules(config, model.config.pad_id, prefixes, new_tokens, src.device)
-    if config.num_beams > 1:
-        return beam_search(
+    if config.num_beams > 1:  # the reference's search, doing only the work it must (fast_beam.py)
+        return fast_beam_search(
             model,
             src,
             bos_id=config.decoder_start_token_id,

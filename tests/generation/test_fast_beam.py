@@ -1,0 +1,168 @@
+"""The fast beam search (generation/fast_beam.py) gives the reference's hypotheses (generation/beam.py)
+up to ties of rounding, while doing less: the first step at batch B, finished sentences out of the
+batch, the encoder's keys/values never replicated across beams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import scratchformer as sf
+from scratchformer.generation import GenerationConfig, StepRules, beam_search, generate
+from scratchformer.generation import fast_beam as fast
+from scratchformer.generation.fast_beam import fast_beam_search, runs_fast
+from scratchformer.generation.scoring import same_up_to_ties
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def sharp_model(seed: int, norm_first: bool, vocab: int = 40) -> sf.Transformer:
+    """A random model with weights x3: peaked next-token distributions (not near-uniform, where
+    every beam is a near tie), sentences that end at different steps."""
+    torch.manual_seed(seed)
+    config = sf.TransformerConfig(
+        vocab, vocab, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
+        dropout=0.0, pad_id=PAD, norm_first=norm_first, final_norm=norm_first, max_len=64,
+    )  # fmt: skip
+    model = sf.Transformer(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(3.0)
+    return model
+
+
+def padded_sources(seed: int, lengths=(9, 3, 6, 1, 8, 5), vocab: int = 40) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(3, vocab, (n,), generator=gen)
+    return src
+
+
+def assert_same_up_to_ties(model, src, reference, fast_hyps, length_penalty: float) -> None:
+    """Every rank of every sentence: the same tokens, or a tie (our scores within 1e-4); equal
+    hypotheses' scores and summed log-probabilities within 5e-5 relative or 1e-4: fp32 rounding of
+    another order of adding (explicit attention against the fused kernel) on logits of magnitude up
+    to ~100 (weights x3), about 1e-5 a step, summed over up to 30 steps."""
+    assert [len(h) for h in fast_hyps] == [len(h) for h in reference]
+    for rank in range(len(reference[0])):
+        ours = [hyps[rank].tokens for hyps in reference]
+        theirs = [hyps[rank].tokens for hyps in fast_hyps]
+        report = same_up_to_ties(model, src, ours, theirs, bos_id=BOS, length_penalty=length_penalty)
+        assert report.ok, report.describe()
+    for a, b in zip(reference, fast_hyps):
+        for h, g in zip(a, b):
+            if h.tokens == g.tokens:
+                assert g.score == pytest.approx(h.score, rel=5e-5, abs=1e-4)
+                assert g.log_prob == pytest.approx(h.log_prob, rel=5e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["postLN", "preLN"])
+@pytest.mark.parametrize("beam_size", [1, 2, 5])
+@pytest.mark.parametrize("length_penalty", [0.0, 0.6, 1.0])
+def test_fast_equals_the_reference(norm_first: bool, beam_size: int, length_penalty: float) -> None:
+    model = sharp_model(beam_size, norm_first)
+    src = padded_sources(beam_size)
+    options = dict(
+        bos_id=BOS, eos_id=EOS, beam_size=beam_size, length_penalty=length_penalty, n_best=beam_size
+    )
+    reference = beam_search(model, src, **options)
+    fast_hyps = fast_beam_search(model, src, **options)
+    assert_same_up_to_ties(model, src, reference, fast_hyps, length_penalty)
+    exact = sum(a[0].tokens == b[0].tokens for a, b in zip(reference, fast_hyps))
+    assert exact >= len(src) - 1  # ties are rare on a peaked model: a changed search is not one
+
+
+def test_the_batch_shrinks_and_the_memory_is_not_replicated(monkeypatch) -> None:
+    """Rows decoded per step: B at the first step, B x k next, fewer as sentences finish; the
+    cross-attention's keys/values have one row per live sentence, never one per beam."""
+    model, src, k = sharp_model(0, False), padded_sources(0), 4
+    seen: list[tuple[int, int]] = []
+    step = fast._Decoder.step
+
+    def recording(self, tokens, t, beams):
+        seen.append((tokens.shape[0], self.memory_kv[0][0].shape[0]))
+        return step(self, tokens, t, beams)
+
+    monkeypatch.setattr(fast._Decoder, "step", recording)
+    fast_beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=k)
+    B = len(src)
+    assert seen[0] == (B, B) and seen[1] == (B * k, B)
+    assert all(rows == sentences * k for rows, sentences in seen[1:])
+    assert seen[-1][1] < B  # some sentences finished early and left the batch
+    assert [rows for rows, _ in seen[1:]] == sorted((rows for rows, _ in seen[1:]), reverse=True)
+
+
+def test_a_vocabulary_smaller_than_the_beam() -> None:
+    model = sharp_model(3, False, vocab=6)
+    src = padded_sources(3, vocab=6)
+    options = dict(bos_id=BOS, eos_id=EOS, beam_size=5, length_penalty=1.0, n_best=5)
+    assert_same_up_to_ties(
+        model, src, beam_search(model, src, **options), fast_beam_search(model, src, **options), 1.0
+    )
+
+
+def test_other_rules_and_models_run_the_reference(monkeypatch) -> None:
+    """A prefix, a penalty, banned n-grams or a minimum length, a model in training mode: the
+    reference search, with its result."""
+    model, src = sharp_model(1, True), padded_sources(1)
+    plain = StepRules.plain(BOS, EOS, PAD, len(src), 20)
+    assert runs_fast(model, plain) and runs_fast(model, None)
+    for options in ({"repetition_penalty": 1.2}, {"no_repeat_ngram_size": 2}, {"min_new_tokens": 3}):
+        rules = StepRules.plain(BOS, EOS, PAD, len(src), 20, **options)
+        assert not runs_fast(model, rules)
+        assert fast_beam_search(model, src, bos_id=BOS, eos_id=EOS, rules=rules) == beam_search(
+            model, src, bos_id=BOS, eos_id=EOS, rules=rules
+        )
+    prefixed = StepRules(GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS), PAD, [[5]] * 6, 20)
+    assert not runs_fast(model, prefixed) and not runs_fast(model.train(), plain)
+
+
+def test_generate_and_the_captioner_decode_with_it(monkeypatch) -> None:
+    """generate(num_beams > 1) runs the fast search; a CaptioningTransformer (image regions as the
+    memory) gives the reference's captions with it."""
+    calls = []
+    step = fast._Decoder.step
+    monkeypatch.setattr(fast._Decoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
+    model, src = sharp_model(2, False), padded_sources(2)
+    config = GenerationConfig(
+        decoder_start_token_id=BOS, eos_token_id=EOS, num_beams=3, num_return_sequences=3
+    )
+    hyps = generate(model, src, config)
+    assert calls and [[h.tokens for h in x] for x in hyps] == [
+        [h.tokens for h in x]
+        for x in beam_search(
+            model,
+            src,
+            bos_id=BOS,
+            eos_id=EOS,
+            beam_size=3,
+            n_best=3,
+            max_len_a=config.max_len_a,
+            max_len_b=config.max_len_b,
+        )
+    ]
+    torch.manual_seed(0)
+    captioner = sf.CaptioningTransformer(
+        sf.CaptioningConfig(
+            vocab_size=30,
+            input="features",
+            feature_dim=12,
+            d_model=32,
+            num_heads=4,
+            d_ff=64,
+            num_encoder_layers=1,
+            num_decoder_layers=2,
+            dropout=0.0,
+            pad_id=PAD,
+        )
+    ).eval()
+    with torch.no_grad():
+        for parameter in captioner.decoder.parameters():
+            parameter.mul_(3.0)
+    images = torch.randn(5, 7, 12)
+    options = dict(bos_id=BOS, eos_id=EOS, beam_size=4, n_best=2)
+    reference = beam_search(captioner, images, **options)
+    calls.clear()
+    captions = fast_beam_search(captioner, images, **options)
+    assert calls and [[h.tokens for h in x] for x in captions] == [[h.tokens for h in x] for x in reference]
