@@ -132,6 +132,25 @@ def ours(translator, tools: Tools) -> Translate:
     return lambda texts: translator.translate(list(texts), batch_size=len(texts))
 
 
+def ours_reference_beam(translator, tools: Tools) -> Translate:
+    """Ours with the readable ``beam_search`` (generation/beam.py) where ``generate`` runs
+    ``fast_beam_search``: what the fast search gains, on the same lines."""
+    import importlib
+
+    from scratchformer.generation.beam import beam_search
+
+    generation = importlib.import_module("scratchformer.generation.generate")  # the module, not generate
+
+    def translate(texts: Sequence[str]) -> list[str]:
+        fast, generation.fast_beam_search = generation.fast_beam_search, beam_search
+        try:
+            return translator.translate(list(texts), batch_size=len(texts))
+        finally:
+            generation.fast_beam_search = fast
+
+    return translate
+
+
 def hugging_face(folder: Path, tools: Tools) -> Translate:
     """transformers' ``generate`` on our Hugging Face export, with the export's generation config
     and our length rule per batch (``max_new_tokens``)."""
@@ -181,6 +200,7 @@ def ctranslate2_engine(folder: Path, tools: Tools, compute_type: str, threads: i
 
 SYSTEMS = (
     "scratchformer fp32",
+    "scratchformer fp32, reference beam",
     "scratchformer bf16",
     "scratchformer int8",
     "transformers generate fp32",
@@ -202,6 +222,8 @@ def systems(not_run: dict[str, str]) -> list[str]:
 
 def build_system(name: str, translator, tools: Tools, folder: Path, threads: int) -> Translate:
     """One system of the table; ``folder`` holds the exports (``hf/``, ``ct2/``)."""
+    if name == "scratchformer fp32, reference beam":
+        return ours_reference_beam(translator.with_precision("fp32"), tools)
     if name.startswith("scratchformer"):
         return ours(translator.with_precision(name.split()[-1]), tools)
     if name.startswith("transformers"):

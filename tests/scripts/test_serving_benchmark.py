@@ -58,6 +58,7 @@ def test_serving_benchmark_at_toy_scale(tmp_path: Path) -> None:
     native = native_bf16(torch.device("cpu"))  # (else the bf16 row is a note: emulated, ~20x slower)
     assert set(rows) == {
         "scratchformer fp32",
+        "scratchformer fp32, reference beam",
         *(["scratchformer bf16"] if native else []),
         "scratchformer int8",
         "transformers generate fp32",
@@ -77,6 +78,7 @@ def test_serving_benchmark_at_toy_scale(tmp_path: Path) -> None:
         rows["scratchformer fp32"]["identical_to_ours"] == 1.0
         and rows["scratchformer fp32"]["tied_with_ours"] == 0
     )
+    assert rows["scratchformer fp32, reference beam"]["identical_to_ours"] == 1.0  # fast = reference
     assert result["settings"]["ties_within"] == 1e-4
     assert [c["shape"] for c in result["classifier"]] == ["B32xT256", "B1xT64"]
     table = (out / "serving-cpu.md").read_text()
