@@ -386,7 +386,7 @@ def write_markdown(path: Path, rows: list[Row], settings: dict[str, Any], classi
 def profile_ours(args: argparse.Namespace) -> Path:
     """Where our batch-32 time goes: ``torch.profiler`` over the first 4 chunks of 32 (sorted by
     length, as measured), operators by self CPU time, written to
-    ``profile-serving-B32-fp32.txt``."""
+    ``profile-serving-B32-fp32.txt`` (``-NAME`` before ``.txt`` with ``--name``)."""
     from torch.profiler import ProfilerActivity, profile
 
     from scratchformer.tasks.translation import load_translator
@@ -400,7 +400,7 @@ def profile_ours(args: argparse.Namespace) -> Path:
         for chunk in chunks[:: max(1, len(chunks) // 4)][:4]:
             translator.translate([texts[i] for i in chunk], batch_size=32)
         seconds = time.perf_counter() - start
-    path = args.out / "profile-serving-B32-fp32.txt"
+    path = args.out / f"profile-serving-B32-fp32{'' if args.name == 'cpu' else '-' + args.name}.txt"
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     path.write_text(
         f"scratchformer translate, beam {translator.decoding.get('beam_size')}, 4 chunks of 32: "
