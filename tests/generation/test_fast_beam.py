@@ -166,3 +166,21 @@ def test_generate_and_the_captioner_decode_with_it(monkeypatch) -> None:
     calls.clear()
     captions = fast_beam_search(captioner, images, **options)
     assert calls and [[h.tokens for h in x] for x in captions] == [[h.tokens for h in x] for x in reference]
+
+
+def test_weights_changed_in_place_or_made_in_inference_mode() -> None:
+    """The kept W^T follows a weight changed in place (its version), and a model built under
+    torch.inference_mode (weights without a version) decodes as the reference."""
+    model, src = sharp_model(4, False), padded_sources(4)
+    options = dict(bos_id=BOS, eos_id=EOS, beam_size=3, n_best=3)
+    fast_beam_search(model, src, **options)  # W^T kept
+    with torch.no_grad():
+        model.generator.weight.mul_(-1.0)  # the output projection reversed: other translations
+    tokens = [[h.tokens for h in x] for x in fast_beam_search(model, src, **options)]
+    assert tokens == [[h.tokens for h in x] for x in beam_search(model, src, **options)]
+    with torch.inference_mode():
+        frozen = sharp_model(5, True)
+        ours = fast_beam_search(frozen, src, **options)
+        assert [[h.tokens for h in x] for x in ours] == [
+            [h.tokens for h in x] for x in beam_search(frozen, src, **options)
+        ]

@@ -88,8 +88,9 @@ def _transposed(weight: Tensor, first: int, rows: int) -> Tensor:
     version, kept = _TRANSPOSED.get(key, (-1, {}))
     if key not in _TRANSPOSED:
         weakref.finalize(weight, _TRANSPOSED.pop, key, None)
-    if version != weight._version:
-        version, kept = weight._version, {}
+    now = -2 if weight.is_inference() else weight._version  # (an inference tensor has no version)
+    if version != now:
+        version, kept = now, {}
         _TRANSPOSED[key] = (version, kept)
     if (first, rows) not in kept:
         kept[(first, rows)] = weight[first : first + rows].t().contiguous()
