@@ -135,18 +135,11 @@ def ours(translator, tools: Tools) -> Translate:
 def ours_reference_beam(translator, tools: Tools) -> Translate:
     """Ours with the readable ``beam_search`` (generation/beam.py) where ``generate`` runs
     ``fast_beam_search``: what the fast search gains, on the same lines."""
-    import importlib
-
-    from scratchformer.generation.beam import beam_search
-
-    generation = importlib.import_module("scratchformer.generation.generate")  # the module, not generate
+    from scratchformer.generation.fast_beam import readable_beam_search
 
     def translate(texts: Sequence[str]) -> list[str]:
-        fast, generation.fast_beam_search = generation.fast_beam_search, beam_search
-        try:
+        with readable_beam_search():
             return translator.translate(list(texts), batch_size=len(texts))
-        finally:
-            generation.fast_beam_search = fast
 
     return translate
 

@@ -11,8 +11,7 @@ Prints one JSON line (``--out FILE`` also writes it there).
 from __future__ import annotations
 
 import argparse
-import gzip
-import importlib
+import contextlib
 import json
 import sys
 import time
@@ -23,26 +22,23 @@ def compare(checkpoint: str, source: str, batch_size: int = 32, limit: int | Non
     """Translate ``source``'s lines with ``fast_beam_search`` and with ``beam_search`` (batches of
     ``batch_size``, alternating which runs first); the share of lines the same up to ties, the
     differing lines, and the seconds of each."""
-    from scratchformer.generation.beam import beam_search
+    from scratchformer.data.labelled_texts import open_text
+    from scratchformer.generation.fast_beam import readable_beam_search
     from scratchformer.tasks.translation import load_translator
     from scratchformer.tasks.translation.ties import same_translations_up_to_ties
 
-    generation = importlib.import_module("scratchformer.generation.generate")  # the module
-    fast = generation.fast_beam_search
     translator = load_translator(checkpoint, device="cpu")
-    opener = gzip.open if source.endswith(".gz") else open
-    with opener(source, "rt", encoding="utf-8") as lines:
+    with open_text(source) as lines:
         texts = [line.strip() for line in lines][:limit]
     outputs: dict[str, list[str]] = {"fast": [], "reference": []}
     seconds = dict.fromkeys(outputs, 0.0)
     for i in range(0, len(texts), batch_size):
         order = ("fast", "reference") if (i // batch_size) % 2 == 0 else ("reference", "fast")
         for name in order:
-            generation.fast_beam_search = fast if name == "fast" else beam_search
-            start = time.perf_counter()
-            outputs[name] += translator.translate(texts[i : i + batch_size], batch_size=batch_size)
-            seconds[name] += time.perf_counter() - start
-    generation.fast_beam_search = fast
+            with readable_beam_search() if name == "reference" else contextlib.nullcontext():
+                start = time.perf_counter()
+                outputs[name] += translator.translate(texts[i : i + batch_size], batch_size=batch_size)
+                seconds[name] += time.perf_counter() - start
     report = same_translations_up_to_ties(translator, texts, outputs["reference"], outputs["fast"])
     return {
         "lines": len(texts),

@@ -10,7 +10,7 @@ import torch
 import scratchformer as sf
 from scratchformer.generation import GenerationConfig, StepRules, beam_search, generate
 from scratchformer.generation import fast_beam as fast
-from scratchformer.generation.fast_beam import fast_beam_search, runs_fast
+from scratchformer.generation.fast_beam import fast_beam_search, readable_beam_search, runs_fast
 from scratchformer.generation.scoring import same_up_to_ties
 
 PAD, BOS, EOS = 0, 1, 2
@@ -184,3 +184,18 @@ def test_weights_changed_in_place_or_made_in_inference_mode() -> None:
         assert [[h.tokens for h in x] for x in ours] == [
             [h.tokens for h in x] for x in beam_search(frozen, src, **options)
         ]
+
+
+def test_readable_beam_search_switches_generate_to_the_reference(monkeypatch) -> None:
+    """Within readable_beam_search(), generate decodes by beam_search (no fast step runs); after
+    it, by the fast search again."""
+    calls = []
+    step = fast._Decoder.step
+    monkeypatch.setattr(fast._Decoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
+    model, src = sharp_model(6, False), padded_sources(6)
+    config = GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS, num_beams=3)
+    with readable_beam_search():
+        readable = generate(model, src, config)
+    assert calls == []
+    fast_hyps = generate(model, src, config)
+    assert calls and [x[0].tokens for x in readable] == [x[0].tokens for x in fast_hyps]

@@ -28,7 +28,9 @@ anything else (a prefix, penalties, banned n-grams, a minimum length) it runs th
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor, nn
@@ -42,7 +44,22 @@ from scratchformer.generation.beam import Hypothesis, beam_search
 from scratchformer.generation.interface import EncoderDecoder, check_logits, max_decode_length, start_decoding
 from scratchformer.generation.rules import StepRules
 
-__all__ = ["fast_beam_search", "runs_fast"]
+__all__ = ["fast_beam_search", "readable_beam_search", "runs_fast"]
+
+_READABLE: ContextVar[bool] = ContextVar("readable_beam_search", default=False)
+
+
+@contextmanager
+def readable_beam_search() -> Iterator[None]:
+    """Within the block, :func:`fast_beam_search` (and so ``generate`` and every task) runs the
+    readable reference ``beam_search``: to compare or time the two on the same code path
+    (benchmarks/serving.py, scripts/fast_beam_parity.py)."""
+    token = _READABLE.set(True)
+    try:
+        yield
+    finally:
+        _READABLE.reset(token)
+
 
 Embedder = Callable[[Tensor, int], Tensor]  # (tokens (N, 1), position) -> (N, 1, D)
 
@@ -328,8 +345,9 @@ def fast_beam_search(
     rules: StepRules | None = None,
 ) -> list[list[Hypothesis]]:
     """:func:`~scratchformer.generation.beam_search` (same arguments, same hypotheses up to ties
-    of rounding), doing only the work it must (module docstring). src (B, S)."""
-    if not runs_fast(model, rules):
+    of rounding), doing only the work it must (module docstring). src (B, S). Where it does not
+    apply (:func:`runs_fast`), or within :func:`readable_beam_search`, it runs the reference."""
+    if _READABLE.get() or not runs_fast(model, rules):
         return beam_search(
             model, src, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, length_penalty=length_penalty,
             src_padding_mask=src_padding_mask, max_len_a=max_len_a, max_len_b=max_len_b, n_best=n_best,
