@@ -75,16 +75,16 @@ def test_fast_equals_the_reference(norm_first: bool, beam_size: int, length_pena
 
 def test_the_batch_shrinks_and_the_memory_is_not_replicated(monkeypatch) -> None:
     """Rows decoded per step: B at the first step, B x k next, fewer as sentences finish; the
-    cross-attention's keys/values have one row per live sentence, never one per beam."""
+    cross-attention's keys/values have one group of H heads per live sentence, never one per beam."""
     model, src, k = sharp_model(0, False), padded_sources(0), 4
     seen: list[tuple[int, int]] = []
-    step = fast._Decoder.step
+    step = fast.DecoderStep.__call__
 
     def recording(self, tokens, t, beams):
-        seen.append((tokens.shape[0], self.memory_kv[0][0].shape[0]))
+        seen.append((tokens.shape[0], self.memory_kv[0][0].shape[0] // model.config.num_heads))
         return step(self, tokens, t, beams)
 
-    monkeypatch.setattr(fast._Decoder, "step", recording)
+    monkeypatch.setattr(fast.DecoderStep, "__call__", recording)
     fast_beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=k)
     B = len(src)
     assert seen[0] == (B, B) and seen[1] == (B * k, B)
@@ -122,8 +122,8 @@ def test_generate_and_the_captioner_decode_with_it(monkeypatch) -> None:
     """generate(num_beams > 1) runs the fast search; a CaptioningTransformer (image regions as the
     memory) gives the reference's captions with it."""
     calls = []
-    step = fast._Decoder.step
-    monkeypatch.setattr(fast._Decoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
+    step = fast.DecoderStep.__call__
+    monkeypatch.setattr(fast.DecoderStep, "__call__", lambda self, *a: calls.append(1) or step(self, *a))
     model, src = sharp_model(2, False), padded_sources(2)
     config = GenerationConfig(
         decoder_start_token_id=BOS, eos_token_id=EOS, num_beams=3, num_return_sequences=3
@@ -190,8 +190,8 @@ def test_readable_beam_search_switches_generate_to_the_reference(monkeypatch) ->
     """Within readable_beam_search(), generate decodes by beam_search (no fast step runs); after
     it, by the fast search again."""
     calls = []
-    step = fast._Decoder.step
-    monkeypatch.setattr(fast._Decoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
+    step = fast.DecoderStep.__call__
+    monkeypatch.setattr(fast.DecoderStep, "__call__", lambda self, *a: calls.append(1) or step(self, *a))
     model, src = sharp_model(6, False), padded_sources(6)
     config = GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS, num_beams=3)
     with readable_beam_search():

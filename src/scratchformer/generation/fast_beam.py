@@ -16,9 +16,8 @@ What the reference does and this does not (read in CTranslate2's ``decoding.cc``
   (a sentence's 2k best extensions are among its beams' 2k best tokens);
 - loop over beams in Python: the step's bookkeeping is tensor operations; Python touches only the
   hypotheses that end;
-- multiply a step's few rows by W laid out (out, in): it keeps each decoder weight's W^T (as
-  CTranslate2 packs its weights), and attends by the explicit formula (the fused kernel is slower
-  for 1 to 5 queries).
+- run the model's ``decode`` for a step: :class:`~scratchformer.generation.fast_step.DecoderStep`
+  computes the same layers with the fewest operations a step can take (generation/fast_step.py).
 
 It applies to the plain rules (never BOS or pad, EOS at the length limit: what translation and
 captioning use) on a model in eval mode whose decoder layers are :class:`DecoderLayer` s; for
@@ -27,20 +26,17 @@ anything else (a prefix, penalties, banned n-grams, a minimum length) it runs th
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.nn import functional as F
 
-from scratchformer.core.attention import MultiHeadAttention, scaled_dot_product_attention
 from scratchformer.core.decoder import DecoderLayer
-from scratchformer.core.encoder import residual
-from scratchformer.core.feedforward import ACTIVATIONS, PositionwiseFeedForward
 from scratchformer.generation.beam import Hypothesis, beam_search
+from scratchformer.generation.fast_step import DecoderStep, embedder
 from scratchformer.generation.interface import EncoderDecoder, check_logits, max_decode_length, start_decoding
 from scratchformer.generation.rules import StepRules
 
@@ -61,18 +57,6 @@ def readable_beam_search() -> Iterator[None]:
         _READABLE.reset(token)
 
 
-Embedder = Callable[[Tensor, int], Tensor]  # (tokens (N, 1), position) -> (N, 1, D)
-
-
-def _embedder(model: EncoderDecoder) -> Embedder | None:
-    """The target side's embedding plus positions, as the model's ``decode`` feeds them."""
-    if hasattr(model, "tgt_embed") and hasattr(model, "tgt_pos"):  # Transformer
-        return lambda tokens, offset: model.tgt_pos(model.tgt_embed(tokens), offset=offset)
-    if hasattr(model, "embed") and hasattr(model, "pos"):  # CaptioningTransformer
-        return lambda tokens, offset: model.pos(model.embed(tokens), offset=offset)
-    return None
-
-
 def runs_fast(model: EncoderDecoder, rules: StepRules | None) -> bool:
     """Whether :func:`fast_beam_search` decodes ``model`` under ``rules`` itself (else it runs the
     reference): eval mode, :class:`DecoderLayer` s, a known embedding, the plain rules."""
@@ -88,159 +72,8 @@ def runs_fast(model: EncoderDecoder, rules: StepRules | None) -> bool:
         and not model.training
         and len(layers) > 0
         and all(isinstance(layer, DecoderLayer) for layer in layers)
-        and _embedder(model) is not None
+        and embedder(model) is not None
     )
-
-
-# W^T of the decoder's linear maps, laid out (in, out) once per weight version: a step's few rows
-# times W^T run up to 1.9x faster than against W's (out, in) rows (AVX2, 2 threads: 5 x 1024 ->
-# 256 in 102 instead of 196 us; 5 x 256 -> 8000 in 708 instead of 1008 us), as CTranslate2's
-# packed GEMM. By id of the weight, dropped with it; a changed weight (in place) gets a new one.
-_TRANSPOSED: dict[int, tuple[int, dict[tuple[int, int], Tensor]]] = {}
-
-
-def _transposed(weight: Tensor, first: int, rows: int) -> Tensor:
-    """W[first : first + rows]^T, contiguous (in, rows), made once per version of ``weight``."""
-    key = id(weight)
-    version, kept = _TRANSPOSED.get(key, (-1, {}))
-    if key not in _TRANSPOSED:
-        weakref.finalize(weight, _TRANSPOSED.pop, key, None)
-    now = -2 if weight.is_inference() else weight._version  # (an inference tensor has no version)
-    if version != now:
-        version, kept = now, {}
-        _TRANSPOSED[key] = (version, kept)
-    if (first, rows) not in kept:
-        kept[(first, rows)] = weight[first : first + rows].t().contiguous()
-    return kept[(first, rows)]
-
-
-def _linear(x: Tensor, linear: nn.Module, first: int = 0, rows: int | None = None) -> Tensor:
-    """``linear``'s rows [first, first + rows) (default: all) applied to x (..., in): (..., rows).
-    A plain :class:`nn.Linear` multiplies by its kept W^T; anything else (int8) is called."""
-    if type(linear) is not nn.Linear:
-        return linear(x)
-    weight, bias = linear.weight, linear.bias
-    rows = weight.shape[0] - first if rows is None else rows
-    flat, w_t = x.reshape(-1, x.shape[-1]), _transposed(weight, first, rows)
-    out = flat @ w_t if bias is None else torch.addmm(bias[first : first + rows], flat, w_t)
-    return out.view(*x.shape[:-1], rows)
-
-
-def _project(attn: MultiHeadAttention, x: Tensor, first: int, count: int) -> Tensor:
-    """``attn._project`` (blocks of [W^Q; W^K; W^V]) by :func:`_linear` where it is the core's."""
-    if count == 3:  # all of them: the self-attention's one matmul
-        return _linear(x, attn.qkv_proj)
-    if type(attn)._project is not MultiHeadAttention._project:  # int8: W^Q, [W^K; W^V] of their own
-        return attn._project(x, first, count)
-    return _linear(x, attn.qkv_proj, first * attn.d_model, count * attn.d_model)
-
-
-def _feed_forward(ff: nn.Module, x: Tensor) -> Tensor:
-    """The position-wise feed-forward network (eval mode: no dropout) by :func:`_linear`."""
-    if not isinstance(ff, PositionwiseFeedForward):
-        return ff(x)
-    return _linear(ACTIVATIONS[ff.activation](_linear(x, ff.linear1)), ff.linear2)
-
-
-class _SelfCache:
-    """One layer's self-attention keys/values, (N, H, L, d_k) each, allocated once at the final
-    length L on the first write; position t of rows [0, N) written at step t."""
-
-    def __init__(self, rows: int, length: int):
-        self.rows, self.length = rows, length
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-
-    def write(self, t: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (N, H, 1, d_k) at position t -> the first t + 1 positions of the N rows."""
-        N, H, _, d_k = k.shape
-        if self.k is None or self.v is None:
-            self.k = k.new_empty(self.rows, H, self.length, d_k)
-            self.v = v.new_empty(self.rows, H, self.length, v.shape[-1])
-        self.k[:N, :, t : t + 1] = k
-        self.v[:N, :, t : t + 1] = v
-        return self.k[:N, :, : t + 1], self.v[:N, :, : t + 1]
-
-    def reorder(self, index: Tensor, filled: int) -> None:
-        """Row i becomes old row ``index[i]`` over the ``filled`` positions written so far."""
-        if self.k is not None and self.v is not None:
-            self.k[: len(index), :, :filled] = self.k[:, :, :filled].index_select(0, index)
-            self.v[: len(index), :, :filled] = self.v[:, :, :filled].index_select(0, index)
-
-
-def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """The heads' attention of a step's few queries: in fp32 by the explicit formula (ATen's fused
-    CPU kernel takes up to 2.5x as long for 1 to 5 queries); in bf16/fp16 as the layer attends."""
-    if q.dtype in (torch.float32, torch.float64):
-        return scaled_dot_product_attention(q, k, v, mask, need_weights=True, scale=attn.scale)[0]
-    return attn._attend(q, k, v, mask, False, False)[0]
-
-
-def _self_attention(attn: MultiHeadAttention, y: Tensor, cache: _SelfCache, t: int) -> Tensor:
-    """y (N, 1, D) at position t attends to itself and the cached positions before it: (N, 1, D)."""
-    N, D = y.shape[0], attn.d_model
-    q, k, v = _project(attn, y, 0, 3).split(D, dim=-1)
-    keys, values = cache.write(t, attn._split_heads(k), attn._split_heads(v))
-    out = _attend(attn, attn._split_heads(q), keys, values, None)
-    return _linear(out.transpose(1, 2).reshape(N, 1, D), attn.out_proj)
-
-
-def _cross_attention(
-    attn: MultiHeadAttention, y: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor | None, beams: int
-) -> Tensor:
-    """y (Bs * beams, 1, D), a sentence's beams in consecutive rows, attends to its sentence's
-    memory keys/values (Bs, H, S, d_k): the beams are the queries of one attention. (N, 1, D)."""
-    N, D = y.shape[0], attn.d_model
-    q = _project(attn, y, 0, 1).view(N // beams, beams, attn.num_heads, attn.d_k).transpose(1, 2)
-    out = _attend(attn, q, *memory_kv, mask)  # (Bs, H, beams, d_k)
-    return _linear(out.transpose(1, 2).reshape(N, 1, D), attn.out_proj)
-
-
-def _memory_kv(attn: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor]:
-    """The memory (B, S, D) projected to keys and values, (B, H, S, d_k) each, once."""
-    k, v = attn._project(memory, 1, 2).split(attn.d_model, dim=-1)
-    return attn._split_heads(k), attn._split_heads(v)
-
-
-class _Decoder:
-    """One decoding step of the model's decoder stack for the live rows, on the state above."""
-
-    def __init__(self, model: EncoderDecoder, memory: Tensor, mask: Tensor | None, rows: int, length: int):
-        self.model, self.embed = model, _embedder(model)
-        self.layers: list[DecoderLayer] = list(model.decoder.layers)
-        self.memory_kv = [_memory_kv(layer.cross_attn, memory) for layer in self.layers]
-        self.mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, S), True = real
-        self.caches = [_SelfCache(rows, length) for _ in self.layers]
-
-    def step(self, tokens: Tensor, t: int, beams: int) -> Tensor:
-        """tokens (N, 1), the token at position t of each row, ``beams`` rows per sentence ->
-        next-token logits (N, V) in fp32."""
-        x = self.embed(tokens, t)
-        for layer, cache, memory_kv in zip(self.layers, self.caches, self.memory_kv):
-            x = residual(
-                x, lambda y: _self_attention(layer.self_attn, y, cache, t), layer.norm1, layer.dropout1,
-                layer.norm_first,
-            )  # fmt: skip
-            x = residual(
-                x, lambda y: _cross_attention(layer.cross_attn, y, memory_kv, self.mask, beams),
-                layer.norm2, layer.dropout2, layer.norm_first,
-            )  # fmt: skip
-            x = residual(
-                x, lambda y: _feed_forward(layer.feed_forward, y), layer.norm3, layer.dropout3,
-                layer.norm_first,
-            )  # fmt: skip
-        if self.model.decoder.norm is not None:
-            x = self.model.decoder.norm(x)
-        return _linear(x[:, -1], self.model.generator).float()
-
-    def keep(self, rows: Tensor, sentences: Tensor | None, filled: int) -> None:
-        """Continue from ``rows`` (N',) of the step's rows; ``sentences``: the live sentences kept
-        (None: all of them)."""
-        for cache in self.caches:
-            cache.reorder(rows, filled)
-        if sentences is not None:
-            self.memory_kv = [(k[sentences], v[sentences]) for k, v in self.memory_kv]
-            self.mask = None if self.mask is None else self.mask[sentences]
 
 
 class _Search:
@@ -360,12 +193,12 @@ def fast_beam_search(
     if rules is None:
         steps = max_decode_length(model, src.shape[1], max_len_a, max_len_b)
         rules = StepRules.plain(bos_id, eos_id, model.config.pad_id, B, steps, device)
-    decoder = _Decoder(model, memory, src_padding_mask, B * k, rules.steps)
+    decoder = DecoderStep(model, memory, src_padding_mask, B * k, rules.steps)
     search = _Search(B, k, eos_id, length_penalty, rules.never.to(device), device)
     tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     beams = 1  # the first step: one beam per sentence
     for step in range(rules.steps):
-        logits = decoder.step(tokens[:, -1:], step, beams)
+        logits = decoder(tokens[:, -1:], step, beams)
         rows, token, kept = search.advance(logits, tokens, step, beams, last=step == rules.steps - 1)
         if rows is None:
             break
