@@ -10,6 +10,13 @@ round by round in alternating order (median of the rounds, after a warm-up) with
 
 An A/A row times one model against its own deep copy: two identical models differ by a few
 percent on CPU (where their weights sit in memory), and that is the noise floor for the others.
+
+With ``--checkpoint`` (a translation checkpoint) and ``--source`` (a text file, .gz too), the rows
+are the serving path instead: both packages' translators (fp32 and int8) on the same lines, a batch
+of 32 and 16 lines one at a time, with the checkpoint's beam, and how many lines come out the same::
+
+    python scripts/compare_release.py --base HEAD~1 --checkpoint runs/multi30k/best \\
+        --source ../shared/data/multi30k/test_2016_flickr.de.gz
 """
 
 from __future__ import annotations
@@ -101,6 +108,68 @@ def twins(base, kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     return old, sf.optimize(new)
 
 
+def model_rows(base, rounds: int, row: Callable[[str, float, float], None]) -> None:
+    """The encoders' inference, an A/A row and an encoder training step."""
+    for kind in ("Encoder", "ContextualEncoder"):
+        old, new = (m.eval() for m in twins(base, kind))
+        for B, T in ((32, 128), (8, 512), (1, 32)):
+            x = torch.randn(B, T, D) if kind == "Encoder" else torch.randint(1, 8000, (B, T))
+            with torch.inference_mode():
+                t = timed(
+                    {"base": lambda: old(x), "this": lambda: new(x)}, rounds if B * T > 64 else 4 * rounds
+                )
+            row(f"{kind} inference B{B}xT{T}", t["base"], t["this"])
+    old, new = twins(base, "Encoder")
+    x = torch.randn(32, 128, D)
+    with torch.inference_mode():
+        twin = copy.deepcopy(new.eval())
+        t = timed({"base": lambda: new(x), "this": lambda: twin(x)}, rounds)
+    row("A/A: this Encoder vs its own copy, B32xT128 (noise floor)", t["base"], t["this"])
+    x = torch.randn(16, 128, D)
+    optimizers = {m: torch.optim.AdamW(m.parameters()) for m in (old.train(), new.train())}
+
+    def step(m: torch.nn.Module) -> None:
+        optimizers[m].zero_grad(set_to_none=True)
+        m(x).square().mean().backward()
+        optimizers[m].step()
+
+    t = timed({"base": lambda: step(old), "this": lambda: step(new)}, rounds)
+    row("Encoder training step B16xT128 (+ AdamW)", t["base"], t["this"])
+
+
+def translation_rows(
+    checkpoint: str, source: str, rounds: int, row: Callable[[str, float, float], None]
+) -> None:
+    """Both packages' translators, fp32 and int8, on the same lines: a batch of 32 (and how many of
+    its lines come out the same), and 16 lines one at a time."""
+    from scratchformer.data.labelled_texts import open_text
+    from scratchformer.tasks.translation import load_translator
+
+    base_translation = importlib.import_module("scratchformer_base.tasks.translation")
+    with open_text(source) as lines:
+        texts = [line.strip() for line in lines][:48]
+    batch, singles = texts[:32], texts[32:48]
+    base_fp32, this_fp32 = (
+        base_translation.load_translator(checkpoint, device="cpu"),
+        load_translator(checkpoint),
+    )
+    for precision in ("fp32", "int8"):
+        old, new = base_fp32.with_precision(precision), this_fp32.with_precision(precision)
+        same = sum(a == b for a, b in zip(old.translate(batch), new.translate(batch)))
+        runs = {
+            "base": lambda: old.translate(batch, batch_size=32),
+            "this": lambda: new.translate(batch, batch_size=32),
+        }
+        t = timed(runs, rounds)
+        row(f"translate {precision}, a batch of 32 lines ({same}/32 the same)", t["base"], t["this"])
+        runs = {
+            "base": lambda: [old.translate([s]) for s in singles],
+            "this": lambda: [new.translate([s]) for s in singles],
+        }
+        t = timed(runs, rounds)
+        row(f"translate {precision}, 16 lines one at a time", t["base"], t["this"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,7 +177,11 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="the earlier commit (any git revision)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    parser.add_argument("--checkpoint", help="a translation checkpoint: time translating instead")
+    parser.add_argument("--source", help="with --checkpoint: the lines to translate (text or .gz)")
     args = parser.parse_args()
+    if args.checkpoint and not args.source:
+        parser.error("--checkpoint needs --source (the lines to translate)")
     rows = []
 
     def row(name: str, base_s: float, new_s: float) -> None:
@@ -118,30 +191,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = import_base(args.base, Path(tmp))
         print("| row | base ms | this ms | this speed / base |\n|---|---|---|---|")
-        for kind in ("Encoder", "ContextualEncoder"):
-            old, new = (m.eval() for m in twins(base, kind))
-            for B, T in ((32, 128), (8, 512), (1, 32)):
-                x = torch.randn(B, T, D) if kind == "Encoder" else torch.randint(1, 8000, (B, T))
-                rounds = args.rounds if B * T > 64 else 4 * args.rounds
-                with torch.inference_mode():
-                    t = timed({"base": lambda: old(x), "this": lambda: new(x)}, rounds)
-                row(f"{kind} inference B{B}xT{T}", t["base"], t["this"])
-        old, new = twins(base, "Encoder")
-        x = torch.randn(32, 128, D)
-        with torch.inference_mode():
-            twin = copy.deepcopy(new.eval())
-            t = timed({"base": lambda: new(x), "this": lambda: twin(x)}, args.rounds)
-        row("A/A: this Encoder vs its own copy, B32xT128 (noise floor)", t["base"], t["this"])
-        x = torch.randn(16, 128, D)
-        optimizers = {m: torch.optim.AdamW(m.parameters()) for m in (old.train(), new.train())}
-
-        def step(m: torch.nn.Module) -> None:
-            optimizers[m].zero_grad(set_to_none=True)
-            m(x).square().mean().backward()
-            optimizers[m].step()
-
-        t = timed({"base": lambda: step(old), "this": lambda: step(new)}, args.rounds)
-        row("Encoder training step B16xT128 (+ AdamW)", t["base"], t["this"])
+        if args.checkpoint:
+            translation_rows(args.checkpoint, args.source, args.rounds, row)
+        else:
+            model_rows(base, args.rounds, row)
 
     header = (
         f"Base {args.base} vs this checkout, {args.rounds} rounds, "
