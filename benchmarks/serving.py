@@ -20,6 +20,7 @@ import argparse
 import gzip
 import json
 import multiprocessing
+import os
 import statistics
 import tempfile
 import time
@@ -253,6 +254,8 @@ def translation_rows(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any
         translator.save_pretrained(Path(tmp) / "ct2", "ctranslate2")
         spawn = multiprocessing.get_context("spawn")
         for name in systems(not_run := {}):
+            if args.systems and name not in args.systems and name != "scratchformer fp32":
+                continue
             if args.in_process:  # (the tests: the same code, no process started per system)
                 row, outputs[name] = measure_in_process(name, args, Path(tmp))
             else:
@@ -265,7 +268,14 @@ def translation_rows(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any
     settings = {"sentences": len(reference), "beam": tools.beam, "length_penalty": tools.length_penalty}
     settings["ties_within"] = 1e-4  # lines = ours: identical, or scored within this by our fp32 model
     settings |= {"not_run": not_run} if not_run else {}
+    settings |= {"environment": environment} if (environment := engine_environment()) else {}
     return rows, settings | {"max_new_tokens": f"{tools.a} * S + {tools.b}", "batch1_sentences": args.batch1}
+
+
+def engine_environment() -> dict[str, str]:
+    """The variables set that change an engine's kernels (``CT2_USE_MKL``: CTranslate2's SGEMM by
+    MKL, its default on Intel CPUs, or by oneDNN, its default elsewhere)."""
+    return {name: os.environ[name] for name in ("CT2_USE_MKL", "CT2_FORCE_CPU_ISA") if name in os.environ}
 
 
 def same_as_ours(row: Row, translator, texts: list[str], ours: list[str], theirs: list[str]) -> None:
@@ -422,9 +432,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--profile", action="store_true", help="only profile ours at batch 32 (profile-serving-B32-fp32.txt)"
     )
+    parser.add_argument(
+        "--systems",
+        type=lambda text: [name.strip() for name in text.split(";")],
+        help="only these, separated by ';' (ours fp32 is always measured: the ratios' reference): "
+        + "; ".join(SYSTEMS),
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="cpu", help="results file name: serving-NAME.md (default: cpu)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if unknown := [name for name in args.systems or [] if name not in SYSTEMS]:
+        parser.error(
+            f"--systems: unknown {', '.join(map(repr, unknown))}; the systems are: {'; '.join(SYSTEMS)}"
+        )
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,16 @@ from scratchformer.tasks.translation import train_translation  # noqa: E402
 from scratchformer.training.precision import native_bf16  # noqa: E402
 
 
-def test_serving_benchmark_at_toy_scale(tmp_path: Path) -> None:
+def test_an_unknown_system_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", "x", "--systems", "CTranslate2 fp32; CTranslate2 fp16"])
+    assert (
+        "--systems: unknown 'CTranslate2 fp16'; the systems are: scratchformer fp32;"
+        in capsys.readouterr().err
+    )
+
+
+def test_serving_benchmark_at_toy_scale(tmp_path: Path, monkeypatch) -> None:
     recipe = tiny_recipe(tmp_path, max_steps=40, eval_every=40)
     recipe.model["final_norm"], recipe.average_last = True, 0
     checkpoint = tmp_path / "run" / train_translation(recipe)["test_checkpoint"]
@@ -51,8 +60,25 @@ def test_serving_benchmark_at_toy_scale(tmp_path: Path) -> None:
             )
             == 0
         )
+        # some systems only, and CTranslate2 with MKL's SGEMM: the settings name the variable
+        monkeypatch.setenv("CT2_USE_MKL", "1")
+        some = [
+            *argv,
+            "--batch1",
+            "2",
+            "--threads",
+            "1",
+            "--in-process",
+            "--no-classifier",
+            "--out",
+            str(out),
+        ]
+        assert main([*some, "--systems", "CTranslate2 fp32", "--name", "some"]) == 0
     finally:
         torch.set_num_threads(threads)  # (main sets it for the process; later tests use the default)
+    some = json.loads((out / "serving-some.json").read_text())
+    assert [r["system"] for r in some["rows"]] == ["scratchformer fp32", "CTranslate2 fp32"]
+    assert some["settings"]["environment"] == {"CT2_USE_MKL": "1"}
     result = json.loads((out / "serving-cpu.json").read_text())
     rows = {r["system"]: r for r in result["rows"]}
     native = native_bf16(torch.device("cpu"))  # (else the bf16 row is a note: emulated, ~20x slower)

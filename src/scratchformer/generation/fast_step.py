@@ -6,9 +6,9 @@ for one new token per row, written for the fewest operations a step can take.
   matrix-vector product whose (N, H, d_k) output *is* the (N, D) input of W^O, with no transpose.
 - The self-attention keys/values live in a buffer allocated once at the final length
   (:class:`SelfCache`); a step writes its position and reads the filled part.
-- The encoder's keys/values (B, H, S, d_k) are projected once per layer and never replicated:
+- The encoder's keys/values, (B * H, S, d_k), are projected once per layer and never replicated:
   a sentence's beams are the queries of one attention ("beamable" matmul, fairseq's and
-  CTranslate2.s); the padding mask is a (B * H, 1, S) additive bias, 0 or -inf.
+  CTranslate2's); the padding mask is a (B * H, 1, S) additive bias, 0 or -inf.
 - Each linear map multiplies by a copy of W made once per weight version, as CTranslate2 packs its
   weights: in fp32 on the CPU, W in oneDNN's packed layout for oneDNN's GEMM (CTranslate2's SGEMM
   backend on AMD CPUs; a step's 19 products at 5 rows 1.6x faster than MKL's, 1.1x at 160 rows:
