@@ -199,3 +199,24 @@ def test_readable_beam_search_switches_generate_to_the_reference(monkeypatch) ->
     assert calls == []
     fast_hyps = generate(model, src, config)
     assert calls and [x[0].tokens for x in readable] == [x[0].tokens for x in fast_hyps]
+
+
+def test_the_step_products_follow_autocast() -> None:
+    """In fp32 a step multiplies by oneDNN's packed GEMM (where torch has it), equal to the linear
+    map up to rounding; under autocast it leaves the product to autocast (bf16 rows), and a search
+    under autocast runs to the end."""
+    from torch.nn import functional as F
+
+    from scratchformer.generation.fast_step import affine
+
+    torch.manual_seed(0)
+    linear, x = torch.nn.Linear(32, 48), torch.randn(5, 32)
+    with torch.inference_mode():
+        assert torch.allclose(affine(linear)(x), F.linear(x, linear.weight, linear.bias), atol=1e-5)
+        assert torch.allclose(affine(linear, relu=True)(x), F.relu(linear(x)), atol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert affine(linear)(x).dtype == torch.bfloat16
+    model, src = sharp_model(2, True), padded_sources(2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hyps = fast_beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=3)
+    assert len(hyps) == len(src) and all(h and h[0].tokens[-1] == EOS for h in hyps)

@@ -11,10 +11,9 @@ for one new token per row, written for the fewest operations a step can take.
   CTranslate2's); the padding mask is a (B * H, 1, S) additive bias, 0 or -inf.
 - Each linear map multiplies by a copy of W made once per weight version, as CTranslate2 packs its
   weights: in fp32 on the CPU, W in oneDNN's packed layout for oneDNN's GEMM (CTranslate2's SGEMM
-  backend on AMD CPUs; a step's 19 products at 5 rows 1.6x faster than MKL's, 1.1x at 160 rows:
-  D=256, V=8000, AVX2, 2 threads), the feed-forward's ReLU fused into it; elsewhere W^T laid out
-  (in, out), up to 1.9x faster than against W's (out, in) rows. An int8 (or any other) linear
-  map is called as it is.
+  backend on AMD CPUs; faster than MKL's at a step's 5 to 160 rows on an AVX2 EPYC), with the
+  feed-forward's ReLU fused into it; elsewhere W^T laid out (in, out), up to 1.9x faster than
+  against W's (out, in) rows. An int8 (or any other) linear map is called as it is.
 - fp32 attention is the explicit formula (ATen's fused CPU kernel takes up to 2.5x as long for 1
   to 5 queries); bf16/fp16 attend as the layer does (:meth:`MultiHeadAttention._attend`).
 """
@@ -69,10 +68,11 @@ def _kept(weight: Tensor, key: tuple, make: Callable[[], Tensor]) -> Tensor:
 
 def _onednn(weight: Tensor) -> bool:
     """Whether a step multiplies by ``weight`` with oneDNN's packed GEMM: fp32 on a CPU whose torch
-    has the op."""
+    has the op, outside autocast (which would hand it bf16 rows)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
