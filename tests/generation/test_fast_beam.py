@@ -220,3 +220,19 @@ def test_the_step_products_follow_autocast() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hyps = fast_beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=3)
     assert len(hyps) == len(src) and all(h and h[0].tokens[-1] == EOS for h in hyps)
+
+
+def test_int8_one_sentence_at_a_time() -> None:
+    """An int8 model (dynamic quantization: the input of each product quantized with one scale per
+    call) decodes as the reference: for one sentence both search the same rows, so each product
+    sees the same input (batches would differ: finished sentences leave the fast search's batch,
+    and the scale with them)."""
+    from scratchformer.fast.quantized import quantize_int8
+
+    model = quantize_int8(sharp_model(4, True))
+    src = padded_sources(4)
+    options = dict(bos_id=BOS, eos_id=EOS, beam_size=4, length_penalty=1.0, n_best=2)
+    for row in src:
+        one = row[row != PAD][None]
+        reference = beam_search(model, one, **options)
+        assert_same_up_to_ties(model, one, reference, fast_beam_search(model, one, **options), 1.0)

@@ -13,7 +13,8 @@ for one new token per row, written for the fewest operations a step can take.
   weights: in fp32 on the CPU, W in oneDNN's packed layout for oneDNN's GEMM (CTranslate2's SGEMM
   backend on AMD CPUs; faster than MKL's at a step's 5 to 160 rows on an AVX2 EPYC), with the
   feed-forward's ReLU fused into it; elsewhere W^T laid out (in, out), up to 1.9x faster than
-  against W's (out, in) rows. An int8 (or any other) linear map is called as it is.
+  against W's (out, in) rows. An int8 linear map (dynamic quantization) runs its FBGEMM operator
+  directly, the ReLU fused; any other module is called as it is.
 - fp32 attention is the explicit formula (ATen's fused CPU kernel takes up to 2.5x as long for 1
   to 5 queries); bf16/fp16 attend as the layer does (:meth:`MultiHeadAttention._attend`).
 """
@@ -25,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from torch.nn import functional as F
 
 from scratchformer.core.attention import MultiHeadAttention
@@ -80,9 +82,11 @@ def _onednn(weight: Tensor) -> bool:
 
 def affine(linear: nn.Module, first: int = 0, rows: int | None = None, relu: bool = False) -> Affine:
     """x (N, in) -> x W[first : first + rows]^T + b[first : first + rows] (default: all rows), then
-    ReLU if ``relu``, for a plain :class:`nn.Linear`; any other module (int8) is called as it is.
+    ReLU if ``relu``, for a plain :class:`nn.Linear` or an int8 one; any other module is called.
     In fp32 on the CPU by oneDNN's GEMM with W packed once (as CTranslate2 on AMD CPUs); else by
     x @ W^T with W^T kept contiguous."""
+    if type(linear) is DynamicQuantizedLinear and linear._packed_params.dtype == torch.qint8:
+        return _int8(linear, relu)
     if type(linear) is not nn.Linear:
         return (lambda x: F.relu(linear(x))) if relu else linear
     weight, bias = linear.weight, linear.bias
@@ -100,12 +104,21 @@ def affine(linear: nn.Module, first: int = 0, rows: int | None = None, relu: boo
     return (lambda x: F.relu(product(x))) if relu else product
 
 
+def _int8(linear: DynamicQuantizedLinear, relu: bool) -> Affine:
+    """An int8 linear map (dynamic quantization) by its operator, as its ``forward`` calls it (the
+    input quantized to 7 bits from version 4 on), with the ReLU fused where asked."""
+    packed = linear._packed_params._packed_params
+    reduce_range = not (linear.version is None or linear.version < 4)
+    op = torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic
+    return lambda x: op(x, packed, reduce_range)
+
+
 def _query_map(attn: MultiHeadAttention) -> Affine:
     """W^Q (and its bias) of ``attn``: the first D rows of the core's stacked [W^Q; W^K; W^V], or the
     int8 layer's own ``q_proj``."""
     if type(attn)._project is MultiHeadAttention._project:
         return affine(attn.qkv_proj, 0, attn.d_model)
-    return attn.q_proj  # QuantizedMultiHeadAttention
+    return affine(attn.q_proj)  # QuantizedMultiHeadAttention
 
 
 def _feed_forward(ff: nn.Module) -> Affine:
