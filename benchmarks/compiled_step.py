@@ -20,10 +20,8 @@ inductor (the tests' quick check of the function).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -147,21 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from torch._inductor import config as inductor_config
 
-    from benchmarks.report import machine_description
+    from benchmarks.report import JsonLines
     from scratchformer.tasks.translation import load_translator
 
     torch.set_num_threads(args.threads)
     inductor_config.freezing = True
     model = load_translator(args.checkpoint, device="cpu").model.eval()
-    lines = []
-    with torch.inference_mode():
+    with torch.inference_mode(), JsonLines(args.out) as lines:
         for Bs, S in ((1, 16), (32, 24)):
             row = measure(model, Bs, S, length=40, position=8, repeats=args.repeats, backend=args.backend)
-            settings = {"threads": args.threads, "backend": args.backend}
-            lines.append(json.dumps({"machine": machine_description(torch.device("cpu")), **settings, **row}))
-            print(lines[-1], flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+            lines.add({"threads": args.threads, "backend": args.backend, **row})
     return 0
 
 

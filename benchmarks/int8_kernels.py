@@ -22,11 +22,9 @@ its error is the known pitfall of int8 there.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -107,19 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--out", help="also write the JSON lines to this file")
     args = parser.parse_args(argv)
-    from benchmarks.report import machine_description
+    from benchmarks.report import JsonLines
 
     torch.set_num_threads(args.threads)
     D, F, V = args.d_model, args.d_ff, args.vocab
-    machine, lines = machine_description(torch.device("cpu")), []
-    with torch.inference_mode():
+    with torch.inference_mode(), JsonLines(args.out) as lines:
         for rows in (5, 160):
             for features in ((D, 3 * D), (D, F), (F, D), (D, V)):
-                row = measure(*features, rows, args.repeats)
-                lines.append(json.dumps({"machine": machine, "threads": args.threads, **row}))
-                print(lines[-1], flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+                lines.add({"threads": args.threads, **measure(*features, rows, args.repeats)})
     return 0
 
 

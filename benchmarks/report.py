@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 from pathlib import Path
@@ -39,6 +40,26 @@ def machine_description(device: torch.device) -> str:
     if device.type == "cuda":
         text += f"; GPU {torch.cuda.get_device_name(device)}"
     return text
+
+
+class JsonLines:
+    """Rows printed as JSON lines as they come, each with the machine, and written to ``out`` (if
+    given) at the end: ``with JsonLines(out) as lines: lines.add(row)``."""
+
+    def __init__(self, out: str | Path | None):
+        self.out, self.lines = out, []
+        self.machine = machine_description(torch.device("cpu"))
+
+    def add(self, row: dict) -> None:
+        self.lines.append(json.dumps({"machine": self.machine, **row}))
+        print(self.lines[-1], flush=True)
+
+    def __enter__(self) -> JsonLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.out and exc[0] is None:
+            Path(self.out).write_text("\n".join(self.lines) + "\n")
 
 
 def measured_peaks(groups: list[Group]) -> dict[str, float]:
