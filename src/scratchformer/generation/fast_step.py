@@ -80,6 +80,11 @@ def _onednn(weight: Tensor) -> bool:
     )
 
 
+def _packed(weight: Tensor, first: int, rows: int) -> Tensor:
+    """W[first : first + rows] in oneDNN's layout for products of a few rows (the hint: 5)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach()[first : first + rows].contiguous(), 5)
+
+
 def affine(linear: nn.Module, first: int = 0, rows: int | None = None, relu: bool = False) -> Affine:
     """x (N, in) -> x W[first : first + rows]^T + b[first : first + rows] (default: all rows), then
     ReLU if ``relu``, for a plain :class:`nn.Linear` or an int8 one; any other module is called.
@@ -93,10 +98,7 @@ def affine(linear: nn.Module, first: int = 0, rows: int | None = None, relu: boo
     rows = weight.shape[0] - first if rows is None else rows
     b = None if bias is None else bias[first : first + rows]
     if _onednn(weight):
-        rows_of_w = weight.detach()[first : first + rows].contiguous()
-        packed = _kept(
-            weight, ("oneDNN", first, rows), lambda: torch.ops.mkldnn._reorder_linear_weight(rows_of_w, 5)
-        )
+        packed = _kept(weight, ("oneDNN", first, rows), lambda: _packed(weight, first, rows))
         attr = "relu" if relu else "none"
         return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, attr, [], "")
     w_t = _kept(weight, ("T", first, rows), lambda: weight[first : first + rows].t().contiguous())
@@ -174,7 +176,7 @@ def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, bias: Ten
 
 
 class _Layer:
-    """A :class:`DecoderLayer`'s maps, gathered once: norms, W^T's, the feed-forward."""
+    """A :class:`DecoderLayer`'s maps, gathered once: norms, products (:func:`affine`), the feed-forward."""
 
     def __init__(self, layer: DecoderLayer):
         self.norm_first = layer.norm_first
