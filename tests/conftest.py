@@ -45,6 +45,7 @@ KERNEL_SENSITIVE = (
     "generation/test_scoring.py",
     "tasks/test_translation_ties.py",
     "generation/test_beam_search.py",
+    "generation/test_fast_beam.py",
     "data/test_pooling_and_tokenization.py",
     "scripts/test_serving_benchmark.py",
 )
