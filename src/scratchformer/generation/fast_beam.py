@@ -4,16 +4,16 @@
 What the reference does and this does not (read in CTranslate2's ``decoding.cc`` and fairseq's
 ``sequence_generator.py``):
 
-- replicate the encoder's keys/values across the beams: each layer keeps the memory's (B, H, S, d_k)
-  and a sentence's k beams are k queries of one attention ("beamable" matmul, fairseq's and
-  CTranslate2's);
+- replicate the encoder's keys/values across the beams: each layer keeps the memory's keys/values
+  once per sentence and a sentence's k beams are k queries of one attention ("beamable" matmul,
+  fairseq's and CTranslate2's);
 - run the first step k times: it runs at batch B (one beam per sentence), then fans out to k;
 - decode finished sentences: they leave the batch (fairseq's ``batch_idxs``, CTranslate2's
   ``keep_batches``);
 - grow and copy whole cache buffers: the self-attention cache is allocated once at its final
   length, and only its filled part is reordered;
-- write a full-vocabulary log-softmax: each beam's 2k best logits minus one log-sum-exp
-  (a sentence's 2k best extensions are among its beams' 2k best tokens);
+- rank all k x V extensions of a sentence: each beam's 2k best tokens first, then the 2k best of
+  those k x 2k (a sentence's 2k best extensions are among its beams' 2k best tokens);
 - loop over beams in Python: the step's bookkeeping is tensor operations; Python touches only the
   hypotheses that end;
 - run the model's ``decode`` for a step: :class:`~scratchformer.generation.fast_step.DecoderStep`
@@ -141,10 +141,9 @@ class _Search:
         valid, is_eos = best > float("-inf"), token == self.eos
         if bool((ended := is_eos & valid & (rank < k)).any()):  # only EOS among the k best ends a beam
             self._finish(ended, best, beam, tokens, beams)
-        extend = ~is_eos & valid
-        live = extend & (extend.cumsum(dim=1) <= k)  # the k best that do not end
-        order = torch.where(live, rank, rank + width).argsort(dim=1)[:, :k]
-        kept = live.gather(1, order)
+        extend = ~is_eos & valid  # the k best of these, in rank order, stay live
+        order = torch.where(extend, rank, rank + width).argsort(dim=1)[:, :k]
+        kept = extend.gather(1, order)
         scores = torch.where(kept, best.gather(1, order), float("-inf"))
         beam = torch.where(kept, beam.gather(1, order), 0)
         token = torch.where(kept, token.gather(1, order), self.eos)
