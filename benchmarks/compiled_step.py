@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from benchmarks.harness import Case, Group, run_group
 from scratchformer.core.feedforward import ACTIVATIONS
 
 
@@ -81,10 +82,6 @@ def static_step(model: torch.nn.Module) -> Callable[..., Tensor]:
     return step
 
 
-def median_ms(times: list[float]) -> float:
-    return sorted(times)[len(times) // 2] * 1e3
-
-
 def measure(model, Bs: int, S: int, length: int, position: int, repeats: int, backend: str) -> dict:
     """One step at position ``position`` for Bs sentences of S source tokens, 5 beams each."""
     from scratchformer.generation.fast_step import DecoderStep
@@ -117,17 +114,14 @@ def measure(model, Bs: int, S: int, length: int, position: int, repeats: int, ba
         "static": lambda: function(*state, beams),
         "compiled": lambda: compiled(*state, beams),
     }
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(repeats):
-        for name, run in ways.items():
-            begin = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - begin)
+    group = Group("decoder step", [Case("step", name, run, N) for name, run in ways.items()], repeats, 0)
+    run_group(group, torch.device("cpu"), log=lambda line: None)
+    ms = {case.impl: case.median * 1e3 for case in group.cases}
     return {
         "rows": N,
         "source_tokens": S,
-        **{f"{name}_ms": round(median_ms(t), 3) for name, t in times.items()},
-        "compiled_over_eager": round(median_ms(times["eager"]) / median_ms(times["compiled"]), 3),
+        **{f"{name}_ms": round(value, 3) for name, value in ms.items()},
+        "compiled_over_eager": round(ms["eager"] / ms["compiled"], 3),
         "compile_s": round(compile_s, 1),
         "max_logit_difference": float((out - eager(tokens, position, beams)).abs().max()),
     }

@@ -22,23 +22,13 @@ its error is the known pitfall of int8 there.
 from __future__ import annotations
 
 import argparse
-import time
-import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-
-def median_us(fn: Callable[[], object], repeats: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e6
+from benchmarks.harness import Case, Group, run_group
 
 
 def onednn_linear(linear: nn.Linear, rows: int) -> Callable[[Tensor], Tensor]:
@@ -65,14 +55,10 @@ def onednn_linear(linear: nn.Linear, rows: int) -> Callable[[Tensor], Tensor]:
 
 
 def fbgemm_linear(linear: nn.Linear) -> nn.Module:
-    """``linear`` dynamically quantized as :func:`~scratchformer.fast.quantized.quantize_int8` does."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    """``linear`` dynamically quantized by :func:`~scratchformer.fast.quantized.quantize_int8`."""
+    from scratchformer.fast.quantized import quantize_int8
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(nn.Sequential(linear), {nn.Linear: per_channel_dynamic_qconfig}, torch.qint8)[
-            0
-        ]
+    return quantize_int8(nn.Sequential(linear))[0]
 
 
 def measure(in_features: int, out_features: int, rows: int, repeats: int) -> dict:
@@ -87,10 +73,14 @@ def measure(in_features: int, out_features: int, rows: int, repeats: int) -> dic
     except (AttributeError, RuntimeError) as error:  # a torch without oneDNN's int8 ops
         print(f"onednn: not available ({error})")
     reference = linear(x)
+    shape = f"{rows} x {in_features} -> {out_features}"
+    cases = [Case(shape, name, partial(way, x), rows) for name, way in ways.items()]
+    run_group(Group("int8 kernels", cases, repeats, warmup=5), torch.device("cpu"), log=lambda line: None)
     row: dict = {"rows": rows, "in": in_features, "out": out_features}
-    for name, way in ways.items():
-        row[f"{name}_us"] = round(median_us(lambda: way(x), repeats), 1)
-        row[f"{name}_error"] = round(float((way(x) - reference).abs().max() / reference.abs().max()), 5)
+    for case in cases:
+        row[f"{case.impl}_us"] = round(case.median * 1e6, 1)
+        error = (ways[case.impl](x) - reference).abs().max() / reference.abs().max()
+        row[f"{case.impl}_error"] = round(float(error), 5)
     return row
 
 
