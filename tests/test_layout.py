@@ -12,6 +12,7 @@ those inside functions included:
     tools       core, tools                training    training, files
     tasks       anything below, tasks.common, never another task (a task that is a package, as
                 tasks/captioning/, imports its own modules)
+    serve       tasks, generation, serve (the server: above the tasks' Python API, never around it)
     cli (the command line, a package), __main__.py, __init__.py: anything
 
 The paths models/ gave up to formats/ in 0.11 (scratchformer/models/_moved.py) still import, with a
@@ -56,6 +57,7 @@ ALLOWED = {
         "training",
         "tasks",
     },
+    "serve": {"tasks", "generation", "serve"},
 }
 DEPRECATED = {  # module -> the one module of formats/ it may import, until 0.12 (see above)
     **{f"models.{old}": f"scratchformer.formats.{new}" for old, new in MOVED.items()},

@@ -169,10 +169,10 @@ def spy_on_decoding(monkeypatch, module: str) -> list[tuple[int, bool]]:
     tasks = importlib.import_module(f"scratchformer.tasks.{module}")
     decode, batches = tasks.generate, []
 
-    def spy(model, inputs, *args):
+    def spy(model, inputs, *args, **kwargs):
         bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         batches.append((len(inputs), bf16))
-        return decode(model, inputs, *args)
+        return decode(model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(tasks, "generate", spy)
     return batches

@@ -160,6 +160,31 @@ def test_a_seed_gives_the_same_samples_twice_and_in_any_batch() -> None:
     assert [[h.tokens for h in n] for n in other] != [[h.tokens for h in n] for n in first]
 
 
+@pytest.mark.parametrize("search", ["greedy", "sampling"])
+def test_on_step_sees_each_token_as_it_is_chosen(search) -> None:
+    """Streaming: the steps' tokens, row by row, are the outputs (then the pad id once a row ended);
+    beam search calls it never (its best hypothesis is known only at the end)."""
+    model = random_model(6)
+    src = sources(torch.Generator().manual_seed(6))
+    config = GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS, max_new_tokens=9)
+    if search == "sampling":
+        config = config.replace(do_sample=True, num_return_sequences=2)
+    steps: list[Tensor] = []
+    out = generate(model, src, config, seed=1, on_step=steps.append)
+    rows = torch.stack(steps, dim=1).tolist()
+    for r, row in enumerate(rows):
+        tokens = out[r // config.num_return_sequences][r % config.num_return_sequences].tokens
+        assert row[: len(tokens)] == tokens and set(row[len(tokens) :]) <= {PAD}
+    beam_steps: list[Tensor] = []
+    generate(
+        model,
+        src,
+        config.replace(num_beams=3, do_sample=False, num_return_sequences=1),
+        on_step=beam_steps.append,
+    )
+    assert beam_steps == []
+
+
 def ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
     return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
 

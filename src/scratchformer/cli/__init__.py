@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from scratchformer.cli import evaluate, inference, tools, train
+from scratchformer.cli import evaluate, inference, serve, tools, train
 from scratchformer.cli.options import check_common_flags
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_OK", "build_parser", "main"]
@@ -40,6 +40,7 @@ _COMMANDS = [
     tools.add_attention,
     evaluate.add_evaluate,
     inference.add_classify,
+    serve.add_serve,
 ]
 
 

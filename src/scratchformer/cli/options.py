@@ -277,19 +277,9 @@ def print_outputs(key: str, outputs: list, first: dict, as_json: bool, plain_pre
 
     best = outputs[0]
     if as_json:
-        print(
-            json.dumps(
-                {
-                    **first,
-                    key: best.text,
-                    "score": best.score,
-                    "log_prob": best.log_prob,
-                    "tokens": best.tokens,
-                    "nbest": [o.to_dict() for o in outputs],
-                },
-                ensure_ascii=False,
-            )
-        )
+        from scratchformer.tasks.common import generated_answer
+
+        print(json.dumps(generated_answer(key, outputs, first), ensure_ascii=False))
     elif len(outputs) == 1:
         print(f"{plain_prefix}{_one_line(best.text)}")
     else:
@@ -303,24 +293,9 @@ def _one_line(text: str) -> str:
 
 
 def checkpoint_kind(checkpoint: str) -> str:
-    """The "kind" a checkpoint's config.json records; a Hugging Face Marian directory is a translation
-    model, our classifier export (and any ``BertForSequenceClassification``) a text classifier. An
-    ONNX or CTranslate2 export is an error saying how to run it; any other directory one naming what
-    it holds (a Hugging Face export, or a config.json with no kind) and what the commands take."""
-    require_checkpoint(checkpoint)  # a missing path: named before torch is imported
-    from scratchformer.formats.hf_bert import refuse_engine_export
-    from scratchformer.formats.hf_classifier import is_classifier_export
-    from scratchformer.formats.marian import is_marian_dir
-    from scratchformer.training.checkpoint import foreign_checkpoint, load_config, resolve_checkpoint
+    """The "kind" of model a checkpoint holds (:func:`scratchformer.tasks.common.checkpoint_kind`); a
+    missing path is named before torch is imported."""
+    require_checkpoint(checkpoint)
+    from scratchformer.tasks.common import checkpoint_kind as kind_of
 
-    refuse_engine_export(checkpoint)
-    if is_marian_dir(checkpoint):
-        return "translation"
-    directory = resolve_checkpoint(checkpoint)
-    config = load_config(directory)
-    if is_classifier_export(config):
-        return "text_classifier"
-    kind = config.get("kind")
-    if not isinstance(kind, str):
-        raise ValueError(foreign_checkpoint(directory, config, "scratchformer"))
-    return kind
+    return kind_of(checkpoint)

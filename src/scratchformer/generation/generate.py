@@ -8,7 +8,7 @@ cache, a forced target prefix and the rules of :mod:`~scratchformer.generation.r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -55,6 +55,7 @@ def generate(
     prefix: Sequence[int] | Sequence[Sequence[int]] | None = None,
     seed: int | None = None,
     src_padding_mask: Tensor | None = None,
+    on_step: Callable[[Tensor], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch by ``config``: beam search if ``num_beams > 1``, else sampling if
     ``do_sample``, else greedy search; always with the key/value cache.
@@ -68,6 +69,9 @@ def generate(
             ``seed + j``, so a source gets the same samples alone or in any batch (when the limit is
             ``max_new_tokens`` or not reached: ``a * S + b`` counts the padded S, as fairseq's).
             Different sources use the same streams.
+        on_step: greedy search and sampling: called after each step with the (B * n,) tokens it
+            chose (row ``i * n + j``: output j of source i; a finished row's: the pad id), to
+            stream them. Beam search calls it never: its best hypothesis is known at the end.
 
     Returns:
         For each source, ``num_return_sequences`` hypotheses (tokens ending with EOS, without BOS;
@@ -115,7 +119,7 @@ def generate(
             torch.Generator(device=src.device).manual_seed(seed + j) for _ in range(B) for j in range(n)
         ]
     tokens, log_prob, _ = decode_stepwise(
-        model, src, rules, src_padding_mask=src_padding_mask, generators=generators
+        model, src, rules, src_padding_mask=src_padding_mask, generators=generators, on_step=on_step
     )
     out: list[list[Hypothesis]] = []
     for row, (ids, lp) in enumerate(zip(tokens.tolist(), log_prob.tolist())):

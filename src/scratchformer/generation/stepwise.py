@@ -3,7 +3,7 @@ from the warped distribution), with the key/value cache and the :class:`StepRule
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -50,10 +50,13 @@ def decode_stepwise(
     generators: Sequence[torch.Generator] | torch.Generator | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
+    on_step: Callable[[Tensor], None] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Greedy search or sampling (``rules.config.do_sample``), one token per step for every row.
 
     Row ``i * n + j`` is sample j of source i (n = ``rules.config.num_return_sequences``).
+    ``on_step``: called after each step with its tokens (N,) (a finished row's: the pad id), for
+    streaming.
 
     Returns:
         tokens (B * n, L) without the BOS, each row ending with EOS then pad (or EOS without a
@@ -88,6 +91,8 @@ def decode_stepwise(
         chosen = torch.log_softmax(logits.float(), dim=-1).gather(1, next_token[:, None])[:, 0]
         log_prob += chosen.masked_fill(finished, 0.0)
         next_token = next_token.masked_fill(finished, fill_id)
+        if on_step is not None:
+            on_step(next_token)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         finished |= next_token == eos
         if bool(finished.all()):

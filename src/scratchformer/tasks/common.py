@@ -43,10 +43,13 @@ __all__ = [
     "check_files",
     "check_model_fields",
     "check_range",
+    "checkpoint_kind",
     "choose_from_grid",
     "decoding_combinations",
+    "generated_answer",
     "label_smoothed_loss",
     "pad_ids",
+    "rows_named",
     "stopped_early",
 ]
 
@@ -334,3 +337,53 @@ class Generated:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def generated_answer(key: str, outputs: list[Generated], first: dict[str, Any]) -> dict[str, Any]:
+    """One input's outputs as the command line's JSON line: ``first``, the best text under ``key``,
+    its score, log-probability and tokens, and the n best."""
+    best = outputs[0]
+    return {
+        **first,
+        key: best.text,
+        "score": best.score,
+        "log_prob": best.log_prob,
+        "tokens": best.tokens,
+        "nbest": [o.to_dict() for o in outputs],
+    }
+
+
+def rows_named(
+    on_step: Callable[[list[int], Tensor], None] | None, index: list[int], n: int
+) -> Callable[[Tensor], None] | None:
+    """A batch's step callback for :func:`~scratchformer.generation.generate` (its rows: the n
+    outputs of each input, in ``index`` order) that tells ``on_step`` whose each row is: the
+    input's position, ``index[row // n]``."""
+    if on_step is None:
+        return None
+    rows = [i for i in index for _ in range(n)]
+    return lambda tokens: on_step(rows, tokens)
+
+
+def checkpoint_kind(checkpoint: str | Path) -> str:
+    """The "kind" a checkpoint's config.json records ("translation", "text_classifier",
+    "captioning", ...); a Hugging Face Marian directory is a translation model, our classifier export
+    (and any ``BertForSequenceClassification``) a text classifier. An ONNX or CTranslate2 export is an
+    error saying how to run it; any other directory one naming what it holds (a Hugging Face export,
+    or a config.json with no kind) and what the commands take."""
+    from scratchformer.formats.hf_bert import refuse_engine_export
+    from scratchformer.formats.hf_classifier import is_classifier_export
+    from scratchformer.formats.marian import is_marian_dir
+    from scratchformer.training.checkpoint import foreign_checkpoint, load_config, resolve_checkpoint
+
+    refuse_engine_export(checkpoint)
+    if is_marian_dir(checkpoint):
+        return "translation"
+    directory = resolve_checkpoint(checkpoint)
+    config = load_config(directory)
+    if is_classifier_export(config):
+        return "text_classifier"
+    kind = config.get("kind")
+    if not isinstance(kind, str):
+        raise ValueError(foreign_checkpoint(directory, config, "scratchformer"))
+    return kind

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from scratchformer.generation import GenerationConfig, generate, greedy_decode
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.image_encoder import IMAGE_ENCODERS, ImageEncoder
 from scratchformer.models.patch_embedding import PatchEmbedding
-from scratchformer.tasks.common import Generated, check_batch, choose_from_grid
+from scratchformer.tasks.common import Generated, check_batch, choose_from_grid, rows_named
 from scratchformer.tools.attention_maps import record_attention
 from scratchformer.tools.caption_figures import plot_caption_attention
 from scratchformer.training import resolve_device
@@ -137,16 +137,20 @@ class Captioner:
         prefix: str | None = None,
         seed: int | None = None,
         batch_size: int = 128,
+        on_step: Callable[[list[int], Tensor], None] | None = None,
     ) -> list[list[Generated]]:
         """``config.num_return_sequences`` captions of each input (images (N, C, H, W) or features):
-        the n best of the beam, or n samples; ``prefix``: words every caption starts with."""
+        the n best of the beam, or n samples; ``prefix``: words every caption starts with;
+        ``on_step``: to stream, as :meth:`Translator.generate
+        <scratchformer.tasks.translation.Translator.generate>`'s."""
         config = config or self.generation_config()
         check_batch(batch_size, config.num_beams)
         prefix_ids = self.vocab.encode(prefix) if prefix else None
         out: list[list[Generated]] = []
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size].to(self.device)
-            for hyps in generate(self.model, batch, config, prefix_ids, seed):
+            step = rows_named(on_step, list(range(start, start + len(batch))), config.num_return_sequences)
+            for hyps in generate(self.model, batch, config, prefix_ids, seed, on_step=step):
                 out.append(
                     [Generated(self.vocab.decode(h.tokens), h.tokens[:-1], h.log_prob, h.score) for h in hyps]
                 )
@@ -204,22 +208,27 @@ class Captioner:
         words = [self.vocab.words[t] for t in tokens[:length]]
         return words, attention[:length].cpu()
 
+    def attention_picture(self, image: Tensor, photo: Tensor | None = None) -> tuple[int, Tensor]:
+        """What a word's attention is drawn over: the side of the memory's grid of regions, and the
+        picture ((3, H, W) uint8) the grid covers. ``image`` is (C, H, W) pixels, or for a photo model
+        its region features (R, D_img) with the ``photo`` they came from."""
+        visual = self.model.visual
+        if isinstance(visual, PatchEmbedding):
+            return visual.grid, image
+        if self.photos is not None and self.photos["memory"] == "regions" and photo is not None:
+            return int(round(image.shape[0] ** 0.5)), photo
+        raise ValueError(
+            "attention over the image needs a model that reads pixels or photo regions (memory "
+            "'regions'), and the photo"
+        )
+
     def plot_attention(
         self, image: Tensor, path: str | Path, photo: Tensor | None = None, caption: str | None = None
     ) -> list[str]:
         """Caption one image greedily (or read ``caption``) and draw each word's attention over it (a
         PNG): ``image`` is (C, H, W) pixels, or for a photo model its region features (R, D_img) with
         the ``photo`` (3, H, W) they came from."""
-        visual = self.model.visual
-        if isinstance(visual, PatchEmbedding):
-            grid, picture = visual.grid, image
-        elif self.photos is not None and self.photos["memory"] == "regions" and photo is not None:
-            grid, picture = int(round(image.shape[0] ** 0.5)), photo
-        else:
-            raise ValueError(
-                "attention over the image needs a model that reads pixels or photo regions (memory "
-                "'regions'), and the photo"
-            )
+        grid, picture = self.attention_picture(image, photo)
         words, attention = self.caption_with_attention(image, caption)
         plot_caption_attention(picture, words, attention, grid, path)
         return words

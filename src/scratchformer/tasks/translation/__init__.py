@@ -63,6 +63,9 @@ from scratchformer.tasks.translation.translator import (
     read_lines as read_lines,
 )
 from scratchformer.tasks.translation.translator import (
+    translation_attention as translation_attention,
+)
+from scratchformer.tasks.translation.translator import (
     translation_attention_maps as translation_attention_maps,
 )
 from scratchformer.training import TrainConfig, distributed

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 from tokenizers import Tokenizer
+from torch import Tensor
 
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.data.marian_tokenizer import MarianTokenizer
@@ -30,6 +31,7 @@ from scratchformer.tasks.common import (
     Generated,
     check_batch,
     pad_ids,
+    rows_named,
 )
 from scratchformer.tools.attention_maps import plot_attention, record_attention
 from scratchformer.training import resolve_device
@@ -41,6 +43,7 @@ __all__ = [
     "check_tokenizer",
     "load_translator",
     "read_lines",
+    "translation_attention",
     "translation_attention_maps",
 ]
 
@@ -131,10 +134,13 @@ class Translator:
         prefix: str | None = None,
         seed: int | None = None,
         batch_size: int = 64,
+        on_step: Callable[[list[int], Tensor], None] | None = None,
     ) -> list[list[Generated]]:
         """``config.num_return_sequences`` translations of each text (batched by length; in input
         order): the n best of the beam, or n samples. ``prefix``: every translation starts with it
-        (its tokens are forced). ``seed``: reproducible samples (see :func:`generate`)."""
+        (its tokens are forced). ``seed``: reproducible samples (see :func:`generate`).
+        ``on_step(inputs, tokens)``: greedy search and sampling, to stream: after each step, the
+        tokens (N,) its N rows chose, and for each row the position of its text in ``texts``."""
         config = config or self.generation_config()
         check_batch(batch_size, config.num_beams)
         sources = self.encode_sources(texts)
@@ -147,7 +153,8 @@ class Translator:
         for start in range(0, len(order), batch_size):
             index = order[start : start + batch_size]
             src = pad_ids([sources[i] for i in index], self.device, self.pad)
-            for i, hyps in zip(index, generate(self.model, src, config, prefix_ids, seed)):
+            step = rows_named(on_step, index, config.num_return_sequences)
+            for i, hyps in zip(index, generate(self.model, src, config, prefix_ids, seed, on_step=step)):
                 out[i] = [
                     Generated(self.tokenizer.decode(h.tokens[:-1]), h.tokens[:-1], h.log_prob, h.score)
                     for h in hyps
@@ -319,29 +326,44 @@ def read_lines(stream: Iterable[T], chunk: int) -> Iterable[list[T]]:
         yield batch
 
 
-def translation_attention_maps(
-    translator: Translator, text: str, out_dir: str | Path, beam_size: int = 5
-) -> tuple[str, list[Path]]:
-    """Translate ``text``, then draw every attention module's weights for that sentence pair:
-    encoder self-attention (source x source), decoder self-attention (target x target prefix) and
-    cross-attention (target x source), one PNG per layer and kind. Returns (translation, paths)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    best = translator.generate([text], translator.generation_config(beam_size))[0][0]
-    translation, tgt_ids = best.text, best.tokens  # the generated ids, not the text encoded again
+def translation_attention(
+    translator: Translator, text: str, config: GenerationConfig | None = None
+) -> dict[str, Any]:
+    """Translate ``text`` (``config``: the recipe's decoding if None), then read the sentence pair once
+    with every attention module recording. Returns {"translation", "source" (S pieces, </s> last),
+    "predicted" (T: the target pieces and </s>), "prefix" (T: <s> and the target pieces), "weights":
+    {module name, e.g. "decoder.layers.2.cross_attn": (H, rows, columns)}}: encoder self-attention
+    (S x S), decoder self-attention (T x T prefix), cross-attention (T x S)."""
+    best = translator.generate([text], config or translator.generation_config())[0][0]
+    tgt_ids = best.tokens  # the generated ids, not the text encoded again
     src_ids = translator.encode_sources([text])[0]
 
     def label(i: int) -> str:  # pieces decoded one by one; "▁" marks a word start
         return translator.tokenizer.decode([i], skip_special_tokens=False).replace(" ", "▁") or f"<{i}>"
 
-    source = [label(i) for i in src_ids[:-1]] + ["</s>"]
-    predicted = [label(i) for i in tgt_ids] + ["</s>"]
-    prefix = [label(translator.bos)] + [label(i) for i in tgt_ids]
     with torch.no_grad(), record_attention(translator.model) as recorded:
         pad = translator.pad
         translator.model(pad_ids([src_ids], pad_id=pad), pad_ids([[translator.bos] + tgt_ids], pad_id=pad))
+    return {
+        "translation": best.text,
+        "source": [label(i) for i in src_ids[:-1]] + ["</s>"],
+        "predicted": [label(i) for i in tgt_ids] + ["</s>"],
+        "prefix": [label(translator.bos)] + [label(i) for i in tgt_ids],
+        "weights": {name: calls[0][0] for name, calls in recorded.items()},
+    }
+
+
+def translation_attention_maps(
+    translator: Translator, text: str, out_dir: str | Path, beam_size: int = 5
+) -> tuple[str, list[Path]]:
+    """Translate ``text``, then draw every attention module's weights for that sentence pair
+    (:func:`translation_attention`), one PNG per layer and kind. Returns (translation, paths)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    found = translation_attention(translator, text, translator.generation_config(beam_size))
+    source, predicted, prefix = found["source"], found["predicted"], found["prefix"]
     written = []
-    for name, calls in recorded.items():  # e.g. "decoder.layers.2.cross_attn"
+    for name, weights in found["weights"].items():  # e.g. "decoder.layers.2.cross_attn"
         stack, _, layer, kind = name.split(".")
         rows, cols = (
             (source, source)
@@ -350,11 +372,11 @@ def translation_attention_maps(
         )
         path = out / f"{stack}-layer{layer}-{kind}.png"
         plot_attention(
-            calls[0][0],
+            weights,
             rows,
             cols,
             path,
             f"{name}  (rows: {'queries' if stack == 'encoder' else 'predicted'})",
         )
         written.append(path)
-    return translation, written
+    return found["translation"], written

@@ -1,0 +1,261 @@
+"""Micro-batching: the requests of many clients decoded together, by one inference thread per model,
+so that the event loop never runs a model and the CPU threads never fight.
+
+A request becomes a :class:`Job` (its inputs, checked parameters, deadline and a future). The
+inference thread takes the oldest waiting input, waits at most ``max_wait_ms`` for others to join it,
+then gathers the waiting inputs with the same parameters, oldest first, up to ``max_batch_size``
+inputs and ``max_batch_tokens`` (inputs x the longest one's tokens), and runs them in one call of the
+model (which sorts them by length). Inputs of a request whose deadline passed or whose client went
+away are dropped, never computed. A batch that fails is run again request by request, so one bad
+input fails its own request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scratchformer.serve.config import Limits
+from scratchformer.serve.metrics import Metrics
+from scratchformer.serve.models import Options, ServedModel
+
+__all__ = ["Job", "MicroBatcher", "Overloaded"]
+
+
+class Overloaded(Exception):
+    """The queue is full: answer 429 and ask the client to come back in ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's inputs for one model. ``method``: the model's method that answers them ("run";
+    "attention" runs alone). ``on_answer(i, answer)``: called on the event loop as each input is
+    done, ``on_token(i, token)`` as each token of its outputs is chosen (streaming). The future gets
+    the answers in input order, or the exception."""
+
+    items: list[Any]
+    lengths: list[int]
+    options: Options
+    deadline: float  # time.monotonic() by which it must be answered
+    future: asyncio.Future
+    method: str = "run"
+    on_answer: Callable[[int, dict[str, Any]], None] | None = None
+    on_token: Callable[[int, dict[str, Any]], None] | None = None
+    cancelled: bool = False  # the client went away, or the server answered 504
+    answers: list[Any] = field(default_factory=list)
+    enqueued: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.answers = [None] * len(self.items)
+        self._left = len(self.items)
+        self._loop = self.future.get_loop()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.method, self.options.key if self.method == "run" else str(id(self)))
+
+    def dead(self, now: float) -> bool:
+        return self.cancelled or now > self.deadline
+
+    def answer(self, index: int, answer: dict[str, Any]) -> None:
+        """(inference thread) One input done; the last one resolves the future."""
+        self.answers[index] = answer
+        self._left -= 1
+        self._loop.call_soon_threadsafe(self._deliver, index, answer, self._left == 0)
+
+    def token(self, index: int, token: dict[str, Any]) -> None:
+        """(inference thread) A token of input ``index``'s outputs, for its stream."""
+        self._loop.call_soon_threadsafe(self._deliver_token, index, token)
+
+    def _deliver_token(self, index: int, token: dict[str, Any]) -> None:
+        if self.on_token is not None and not self.future.done():
+            self.on_token(index, token)
+
+    def fail(self, error: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._set_exception, error)
+
+    def _deliver(self, index: int, answer: dict[str, Any], last: bool) -> None:
+        if self.on_answer is not None and not self.future.done():
+            self.on_answer(index, answer)
+        if last and not self.future.done():
+            self.future.set_result(self.answers)
+
+    def _set_exception(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class MicroBatcher:
+    """One model's queue and inference thread."""
+
+    def __init__(self, model: ServedModel, limits: Limits, metrics: Metrics):
+        self.model, self.limits, self.metrics = model, limits, metrics
+        self._queue: deque[tuple[Job, int]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name=f"inference-{model.name}", daemon=True)
+        metrics.queue_depth.labels(model.name).set_function(lambda: len(self._queue))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish what is queued, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, job: Job) -> None:
+        """(event loop) Queue a job's inputs, or raise :class:`Overloaded` if they do not fit."""
+        with self._cond:
+            if self._stopping:
+                raise Overloaded("the server is shutting down", retry_after=5)
+            if len(self._queue) + len(job.items) > self.limits.max_queue:
+                raise Overloaded(
+                    f"model {self.model.name!r} has {len(self._queue)} inputs waiting (max_queue "
+                    f"{self.limits.max_queue}); retry later"
+                )
+            job.enqueued = time.monotonic()
+            self._queue.extend((job, i) for i in range(len(job.items)))
+            self._cond.notify()
+
+    # ------------------------------------------------------------------------------ the inference thread
+
+    def _work(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            if batch:
+                self._run(batch)
+
+    def _next_batch(self) -> list[tuple[Job, int]] | None:
+        """The next batch (possibly empty, when all it found was dropped); None when stopping."""
+        limits = self.limits
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            until = self._queue[0][0].enqueued + limits.max_wait_ms / 1000
+            while len(self._queue) < limits.max_batch_size and not self._stopping:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._take()
+
+    def _take(self) -> list[tuple[Job, int]]:
+        """(holding the lock) The oldest live input and the waiting inputs of its parameters closest
+        to it in length (a window of the length-sorted inputs: less padding, sentences that finish
+        together), within the batch's size and token budget; the rest stay queued."""
+        now = time.monotonic()
+        live = []
+        for job, i in self._queue:
+            if job.dead(now):
+                self._drop(job, i, now)
+            else:
+                live.append((job, i))
+        if not live:
+            self._queue = deque()
+            return []
+        oldest, key = live[0], live[0][0].key
+        same = sorted((e for e in live if e[0].key == key), key=lambda e: e[0].lengths[e[1]])
+        chosen = set(map(id, self._window(same, oldest)))
+        batch = [e for e in live if id(e) in chosen]
+        self._queue = deque(e for e in live if id(e) not in chosen)
+        return batch
+
+    def _window(self, same: list[tuple[Job, int]], oldest: tuple[Job, int]) -> list[tuple[Job, int]]:
+        """Of inputs sorted by length, the run of at most ``max_batch_size`` that holds ``oldest``
+        and spans the fewest tokens, then cut (longest first, never ``oldest``) to the token budget."""
+        size, at = self.limits.max_batch_size, next(k for k, e in enumerate(same) if e is oldest)
+        length = lambda e: e[0].lengths[e[1]]  # noqa: E731
+        starts = range(max(0, at - size + 1), min(at, max(0, len(same) - size)) + 1)
+        start = min(starts, key=lambda s: length(same[min(s + size, len(same)) - 1]) - length(same[s]))
+        window = same[start : start + size]
+        while len(window) > 1 and len(window) * length(window[-1]) > self.limits.max_batch_tokens:
+            window.pop(-1 if window[-1] is not oldest else -2)
+        return window
+
+    def _drop(self, job: Job, index: int, now: float) -> None:
+        reason = "deadline" if now > job.deadline else "disconnected"  # (a 504 cancels past the deadline)
+        self.metrics.dropped.labels(self.model.name, reason).inc()
+        if reason == "deadline":  # (the future takes the first exception only)
+            job.fail(TimeoutError(f"no answer within timeout_s={self.limits.timeout_s}"))
+
+    def _run(self, batch: list[tuple[Job, int]]) -> None:
+        name, start = self.model.name, time.monotonic()
+        for job, _ in batch:
+            self.metrics.queue_time.labels(name).observe(start - job.enqueued)
+        jobs = list(dict.fromkeys(job for job, _ in batch))
+        try:
+            answers = self._call(batch)
+        except Exception as error:  # noqa: BLE001 - each request gets its own answer below
+            if len(jobs) == 1:
+                jobs[0].fail(error)
+                return
+            for job in jobs:  # run again request by request: a bad input fails its own request only
+                self._run([(j, i) for j, i in batch if j is job])
+            return
+        self.metrics.inference.labels(name).observe(time.monotonic() - start)
+        self.metrics.batch_size.labels(name).observe(len(batch))
+        self.metrics.tokens.labels(name, "input").inc(sum(job.lengths[i] for job, i in batch))
+        for (job, i), answer in zip(batch, answers):
+            self.metrics.tokens.labels(name, "output").inc(len(answer.get("tokens", ())))
+            job.answer(i, answer)
+
+    def _call(self, batch: list[tuple[Job, int]]) -> list[dict[str, Any]]:
+        job = batch[0][0]
+        items = [j.items[i] for j, i in batch]
+        if (
+            job.method == "run"
+            and any(j.on_token for j, _ in batch)
+            and self.model.streams_tokens(job.options)
+        ):
+            return self.model.run(items, job.options, on_step=TokenStream(self.model, batch))
+        return getattr(self.model, job.method)(items, job.options)
+
+
+class TokenStream:
+    """A batch's decoding steps as its streaming jobs' token events: for each output of each input,
+    the chosen token's id and the text it adds to the output. Text that ends in an incomplete
+    character (byte-level pieces: U+FFFD) is held back until the character is whole, as Hugging
+    Face's TextStreamer does; the end of an output is a ``special`` token (EOS) with what was held."""
+
+    def __init__(self, model: ServedModel, batch: list[tuple[Job, int]]):
+        self.model, self.batch = model, batch
+        self.outputs: dict[tuple[int, int], tuple[list[int], str]] = {}  # (input, sequence) -> ids, sent
+        self.ended: set[tuple[int, int]] = set()
+
+    def __call__(self, rows: list[int], tokens: Any) -> None:
+        sequence: dict[int, int] = {}
+        for k, token in zip(rows, tokens.tolist()):
+            j = sequence[k] = sequence.get(k, -1) + 1  # the n outputs of an input: consecutive rows
+            job, i = self.batch[k]
+            if job.on_token is None or (k, j) in self.ended:
+                continue
+            ids, sent = self.outputs.get((k, j), ([], ""))
+            special = token == self.model.eos_id
+            if special:
+                self.ended.add((k, j))
+            else:
+                ids = [*ids, token]
+            text = self.model.text_of(ids)
+            new = "" if text.endswith("\ufffd") and not special else text[len(sent) :]
+            self.outputs[(k, j)] = ids, sent + new
+            job.token(i, {"sequence": j, "token": {"id": token, "text": new, "special": special}})

@@ -1,0 +1,337 @@
+"""The models behind the server, one class per kind, each a thin face of its task's Python API
+(``Translator``, ``LoadedClassifier``, ``Captioner``, ``SentenceEncoder``), which it calls and never
+bypasses. A served model checks a request's inputs and parameters on the event loop (cheap, before any
+queueing) and runs a batch of inputs in its inference thread (:mod:`~scratchformer.serve.batcher`).
+Its answers hold the fields of the command line's JSON Lines output."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scratchformer.generation import GenerationConfig
+from scratchformer.serve.config import ModelSpec
+from scratchformer.tasks.common import checkpoint_kind, generated_answer
+
+__all__ = ["Options", "ServedModel", "load_served"]
+
+GENERATION_FIELDS = {f.name for f in dataclasses.fields(GenerationConfig)} - {
+    "decoder_start_token_id",
+    "eos_token_id",
+}
+
+
+class RequestError(ValueError):
+    """A request the server refuses: its HTTP ``status`` (413, 422) and a one-line message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Options:
+    """A request's parameters, checked: ``key`` groups requests that may share a batch."""
+
+    key: str
+    values: dict[str, Any]
+    config: GenerationConfig | None = None
+
+
+class ServedModel:
+    """What the server asks of every model. ``kind``: its task; ``endpoints``: the /v1/ routes it answers."""
+
+    kind = ""
+    endpoints: tuple[str, ...] = ()
+    output_key = ""
+
+    def __init__(self, spec: ModelSpec, task: Any):
+        self.spec, self.task, self.name = spec, task, spec.name
+
+    def describe(self) -> dict[str, Any]:
+        """Its entry in GET /v1/models."""
+        return {
+            "id": self.name,
+            "object": "model",
+            "kind": self.kind,
+            "endpoints": [f"/v1/{e}" for e in self.endpoints],
+            "precision": self.spec.precision,
+            "path": Path(self.spec.path).name,
+        }
+
+    def options(self, parameters: dict[str, Any], max_new_tokens: int) -> Options:
+        """A request's ``parameters`` checked (422 naming a wrong one); models without any take none."""
+        if parameters:
+            raise RequestError(422, f"parameters: model {self.name!r} ({self.kind}) takes none")
+        return Options("", {})
+
+    def lengths(self, items: Sequence[Any]) -> list[int]:
+        """Each input's length in tokens, as the model reads it (before its own truncation)."""
+        raise NotImplementedError
+
+    def run(self, items: Sequence[Any], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
+        """One answer per input (called in the inference thread, with the inputs of one batch);
+        ``on_step(inputs, tokens)``: each decoding step's tokens, where :meth:`streams_tokens`."""
+        raise NotImplementedError
+
+    def streams_tokens(self, options: Options) -> bool:
+        """Whether a stream of these options gets its tokens one by one (greedy search, sampling)."""
+        return False
+
+    def autocast(self) -> torch.autocast:
+        """bf16 by autocast for a model served at "bf16" whose task has no bf16 copy of its own."""
+        device = torch.device(self.task.device).type
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.spec.precision == "bf16")
+
+    def warm_up(self) -> None:
+        """One small batch, so that the first request does not pay for lazy set-up."""
+        self.run(self.warm_up_items(), self.options({}, 1_000_000))
+
+    def warm_up_items(self) -> list[Any]:
+        return ["Hello world."]
+
+
+class _Generating(ServedModel):
+    """A model that decodes (translation, captioning): parameters are :class:`GenerationConfig`'s
+    fields (``beam_size`` for ``num_beams``), ``seed`` and ``prefix``."""
+
+    def options(self, parameters: dict[str, Any], max_new_tokens: int) -> Options:
+        values = dict(parameters)
+        if "beam_size" in values:
+            values["num_beams"] = values.pop("beam_size")
+        unknown = sorted(set(values) - GENERATION_FIELDS - {"seed", "prefix"})
+        if unknown:
+            known = [*sorted(GENERATION_FIELDS), "seed", "prefix"]
+            raise RequestError(422, f"parameters: unknown {unknown[0]!r}; expected some of {known}")
+        asked = values.get("max_new_tokens")
+        if isinstance(asked, int) and asked > max_new_tokens:
+            raise RequestError(
+                422, f"parameters.max_new_tokens: {asked} is over the limit max_new_tokens={max_new_tokens}"
+            )
+        seed, prefix = values.pop("seed", None), values.pop("prefix", None)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise RequestError(422, f"parameters.seed: expected an integer, got {seed!r}")
+        if prefix is not None and not isinstance(prefix, str):
+            raise RequestError(422, f"parameters.prefix: expected a string, got {prefix!r}")
+        if seed is not None and not values.get("do_sample"):
+            raise RequestError(422, "parameters.seed: only with do_sample")
+        if values.get("do_sample"):  # sampling draws one token a step (as the command line's --sampling)
+            values.setdefault("num_beams", 1)
+        try:
+            config = self.task.generation_config(**values)
+        except (TypeError, ValueError) as e:
+            raise RequestError(422, f"parameters: {e}") from None
+        key = json.dumps({**values, "seed": seed, "prefix": prefix}, sort_keys=True)
+        return Options(key, {"seed": seed, "prefix": prefix}, config)
+
+    def streams_tokens(self, options: Options) -> bool:
+        return options.config is not None and options.config.num_beams == 1
+
+    @property
+    def eos_id(self) -> int:
+        return self.task.generation_config().eos_token_id
+
+    def text_of(self, ids: list[int]) -> str:
+        """An output's text so far (for streaming)."""
+        raise NotImplementedError
+
+
+class ServedTranslator(_Generating):
+    kind, endpoints, output_key = "translation", ("translate", "attention"), "translation_text"
+
+    def lengths(self, items: Sequence[str]) -> list[int]:
+        return self.task.source_lengths(items)
+
+    def text_of(self, ids: list[int]) -> str:
+        return self.task.tokenizer.decode(ids)
+
+    def run(self, items: Sequence[str], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
+        values = options.values
+        outputs = self.task.generate(
+            items, options.config, values["prefix"], values["seed"], batch_size=len(items), on_step=on_step
+        )
+        return [generated_answer(self.output_key, o, {"source": s}) for s, o in zip(items, outputs)]
+
+    def attention(self, items: Sequence[str], options: Options) -> list[dict[str, Any]]:
+        """Each text's translation and attention weights (rounded to 4 decimals): ``weights``
+        {"encoder.self_attn" | "decoder.self_attn" | "decoder.cross_attn": {layer: (H, rows, cols)}},
+        every layer, or the one ``options.values["layer"]`` names."""
+        from scratchformer.tasks.translation import translation_attention
+
+        config, layer = self.task.model.config, options.values.get("layer")
+        layers = max(config.num_encoder_layers, config.num_decoder_layers)
+        if layer is not None and not 0 <= layer < layers:
+            raise RequestError(422, f"layer: expected 0..{layers - 1}, got {layer}")
+        out = []
+        for text in items:
+            found = translation_attention(self.task, text, options.config)
+            weights: dict[str, dict[str, Any]] = {}
+            for name, w in found.pop("weights").items():  # e.g. "decoder.layers.2.cross_attn"
+                stack, _, index, kind = name.split(".")
+                if layer is None or int(index) == layer:
+                    weights.setdefault(f"{stack}.{kind}", {})[index] = _rounded(w)
+            out.append({**found, "layers": layers, "heads": config.num_heads, "weights": weights})
+        return out
+
+
+class ServedCaptioner(_Generating):
+    """Inputs are uploaded image files (bytes), read as the ``caption`` command reads files: a photo
+    model through its image encoder (any size), a pixel model resized to its size."""
+
+    kind, endpoints, output_key = "captioning", ("caption",), "generated_text"
+
+    def lengths(self, items: Sequence[bytes]) -> list[int]:
+        return [1] * len(items)  # a photo is one input of fixed cost
+
+    def images(self, items: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's inputs (pixels or features), and for a photo model the cropped photos."""
+        captioner = self.task
+        if captioner.photos is not None:
+            return captioner.photo_features([io.BytesIO(b) for b in items])
+        return torch.stack([captioner.load_image(io.BytesIO(b), resize=True) for b in items]), None
+
+    def text_of(self, ids: list[int]) -> str:
+        return self.task.vocab.decode(ids)
+
+    def run(self, items: Sequence[bytes], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
+        inputs, _ = self.images(items)
+        values = options.values
+        with self.autocast():
+            outputs = self.task.generate(
+                inputs, options.config, values["prefix"], values["seed"], on_step=on_step
+            )
+        return [generated_answer(self.output_key, o, {}) for o in outputs]
+
+    def attention(self, items: Sequence[bytes], options: Options) -> list[dict[str, Any]]:
+        """Each image's caption, and each word's attention over the picture the model saw (the last
+        decoder layer's cross-attention, mean over heads: (words, grid x grid), rounded), with that
+        picture as a PNG data URL."""
+        inputs, photos = self.images(items)
+        out = []
+        for k, image in enumerate(inputs):
+            photo = None if photos is None else photos[k]
+            grid, picture = self.task.attention_picture(image, photo)
+            with self.autocast():
+                best = self.task.generate(image[None], options.config, options.values["prefix"])[0][0]
+                words, attention = self.task.caption_with_attention(image, best.text)
+            out.append(
+                {
+                    "generated_text": best.text,
+                    "words": words,
+                    "grid": grid,
+                    "attention": _rounded(attention),
+                    "image": _png_data_url(picture),
+                }
+            )
+        return out
+
+    def warm_up_items(self) -> list[bytes]:
+        from PIL import Image
+
+        out = io.BytesIO()
+        Image.new("RGB", (64, 48), (120, 110, 100)).save(out, format="PNG")
+        return [out.getvalue()]
+
+
+class ServedClassifier(ServedModel):
+    kind, endpoints = "text_classifier", ("classify",)
+
+    def lengths(self, items: Sequence[str]) -> list[int]:
+        return self.task.tokenizer.full_lengths(items)
+
+    def run(self, items: Sequence[str], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
+        precision = "bf16" if self.spec.precision == "bf16" else "fp32"
+        probs = self.task.probabilities(items, batch_size=len(items), precision=precision).float()
+        names = self.task.label_names
+        return [
+            {
+                "text": text,
+                "label": names[int(p.argmax())],
+                "score": float(p.max()),
+                "scores": {name: float(q) for name, q in zip(names, p)},
+            }
+            for text, p in zip(items, probs)
+        ]
+
+
+class ServedEncoder(ServedModel):
+    kind, endpoints = "embedding", ("embed", "embeddings")
+
+    def lengths(self, items: Sequence[str]) -> list[int]:
+        return self.task.tokenizer.full_lengths(items)
+
+    def run(self, items: Sequence[str], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
+        with self.autocast():
+            vectors = self.task.encode(list(items), batch_size=len(items))
+        return [{"text": t, "embedding": v} for t, v in zip(items, vectors.tolist())]
+
+
+def detect_kind(path: str) -> str:
+    """The kind of model a directory holds: a sentence-transformers or plain BERT-family directory is
+    an embedding model; anything else is read by :func:`~scratchformer.tasks.common.checkpoint_kind`."""
+    from scratchformer.tasks.sentence_embedding import is_sentence_encoder_dir
+
+    if is_sentence_encoder_dir(path):
+        return "embedding"
+    config = Path(path) / "config.json"
+    try:
+        kind = checkpoint_kind(path)
+    except ValueError:
+        if config.is_file() and "model_type" in json.loads(config.read_text(encoding="utf-8")):
+            return "embedding"  # a Hugging Face BERT-family encoder (our masked-LM exports too)
+        raise
+    if kind == "masked_lm":
+        return "embedding"
+    return kind
+
+
+def load_served(spec: ModelSpec, device: str = "cpu") -> ServedModel:
+    """Load one model by its task's loader, at its precision."""
+    kind = spec.kind or detect_kind(spec.path)
+    if kind == "translation":
+        from scratchformer.tasks.translation import load_translator
+
+        return ServedTranslator(
+            spec, load_translator(spec.path, device=device).with_precision(spec.precision)
+        )
+    if spec.precision == "int8":
+        raise ValueError(f"model {spec.name!r}: int8 is for translation models; use fp32 or bf16")
+    if kind == "text_classifier":
+        from scratchformer.tasks.classification import load_classifier
+
+        return ServedClassifier(spec, load_classifier(spec.path, device=device))
+    if kind == "captioning":
+        from scratchformer.tasks.captioning.ensemble import load_ensemble
+
+        return ServedCaptioner(spec, load_ensemble([spec.path], device=device))
+    if kind == "embedding":
+        from scratchformer.tasks.sentence_embedding import SentenceEncoder
+
+        return ServedEncoder(spec, SentenceEncoder.from_pretrained(spec.path, device=device))
+    raise ValueError(
+        f"model {spec.name!r}: a {kind!r} checkpoint cannot be served (kinds: translation, "
+        "text_classifier, captioning, embedding)"
+    )
+
+
+def _rounded(weights: torch.Tensor) -> list:
+    """Attention weights as nested lists, 4 decimals (what a page draws; a tenth of the JSON)."""
+    return (weights.float().cpu() * 10_000).round().div(10_000).tolist()
+
+
+def _png_data_url(picture: torch.Tensor) -> str:
+    """A (3, H, W) uint8 picture as a data: URL."""
+    import base64
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(picture.permute(1, 2, 0).contiguous().numpy()).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()

@@ -1,0 +1,93 @@
+"""What a running server knows: its models (loaded in a thread, so that /health answers at once and
+/ready turns 200 only when every model is loaded and has run a warm-up batch), one micro-batcher per
+model, the requests in flight, and whether it is draining."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+from scratchformer.serve.batcher import MicroBatcher, Overloaded
+from scratchformer.serve.config import ServeConfig
+from scratchformer.serve.metrics import Metrics
+from scratchformer.serve.models import RequestError, ServedModel, load_served
+
+__all__ = ["ServerState"]
+
+
+class ServerState:
+    """``status``: "loading", "ready", "draining" or "failed" (``error`` says why)."""
+
+    def __init__(self, config: ServeConfig, models: list[ServedModel] | None = None):
+        self.config, self.limits, self.metrics = config, config.limits, Metrics()
+        self.models: dict[str, ServedModel] = {}
+        self.batchers: dict[str, MicroBatcher] = {}
+        self.status, self.error = "loading", ""
+        self.in_flight = 0
+        self.started = time.time()
+        self._given = models  # already loaded (tests, the Python API): served as they are
+        self.done_loading = threading.Event()
+
+    def load(self) -> None:
+        """(a thread) Load and warm up every model, then start its batcher; any failure: "failed"."""
+        name = ""
+        try:
+            if self.config.threads:
+                import torch
+
+                torch.set_num_threads(self.config.threads)  # once, before any model runs
+            for model in self._given or []:
+                name = model.name
+                self._add(model)
+            for spec in [] if self._given else self.config.models:
+                name = spec.name
+                self._add(load_served(spec, self.config.device))
+            self.status = "ready"
+        except Exception as e:  # noqa: BLE001 - /ready and the command line say what failed
+            self.status, self.error = "failed", f"model {name!r}: {type(e).__name__}: {e}"
+            traceback.print_exc()
+        finally:
+            self.done_loading.set()
+
+    def _add(self, model: ServedModel) -> None:
+        model.warm_up()
+        batcher = MicroBatcher(model, self.limits, self.metrics)
+        batcher.start()
+        self.models[model.name], self.batchers[model.name] = model, batcher
+
+    def stop(self) -> None:
+        for batcher in self.batchers.values():
+            batcher.stop()
+
+    def model_for(self, name: str | None, endpoint: str) -> ServedModel:
+        """The model a request names, or the one model that answers ``endpoint``; errors: 503 while
+        loading, 404 for an unknown name, 400 when the name is needed or names the wrong kind."""
+        if self.status in ("loading", "failed"):
+            raise RequestError(503, f"models are not loaded yet ({self.status})")
+        if name is not None:
+            model = self.models.get(name)
+            if model is None:
+                raise RequestError(404, f"model: no model named {name!r}; loaded: {sorted(self.models)}")
+            if endpoint not in model.endpoints:
+                raise RequestError(
+                    400,
+                    f"model {name!r} is a {model.kind} model: it answers {model.endpoints}, not {endpoint}",
+                )
+            return model
+        fit = [m for m in self.models.values() if endpoint in m.endpoints]
+        if len(fit) != 1:
+            which = "no loaded model answers it" if not fit else f"name one of {[m.name for m in fit]}"
+            raise RequestError(400 if fit else 404, f"model: {which} ({endpoint})")
+        return fit[0]
+
+    def enter(self) -> None:
+        """A request starts: 429 over ``max_concurrency`` requests in flight."""
+        if self.in_flight >= self.limits.max_concurrency:
+            raise Overloaded(
+                f"{self.in_flight} requests in flight (max_concurrency {self.limits.max_concurrency})"
+            )
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
