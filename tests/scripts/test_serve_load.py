@@ -20,7 +20,7 @@ def test_serve_load_at_toy_scale(tmp_path: Path) -> None:
             "\n".join(["ein Mann", "zwei Hunde laufen", "eine Frau im Schnee", "Kinder spielen"] * 6) + "\n"
         )
     argv = ["--checkpoint", str(TRANSLATION), "--source", str(source), "--clients", "1,8", "--threads", "1"]
-    argv += ["--httpx", "--rounds", "2", "--soak", "1500", "--name", "toy", "--out", str(tmp_path)]
+    argv += ["--httpx", "--rounds", "2", "--soak", "300", "--name", "toy", "--out", str(tmp_path)]
     assert main(argv) == 0
     report = json.loads((tmp_path / "serve-load-toy.json").read_text())
     rows = report["rows"]
@@ -33,8 +33,6 @@ def test_serve_load_at_toy_scale(tmp_path: Path) -> None:
         abs(rows[1]["ratio_to_sorted"] - rows[1]["sentences_s"] / rows[1]["offline_sorted_sentences_s"])
         < 1e-9
     )
-    assert [s["requests"] for s in report["soak"]] == [1000, 1500] and report["soak"][-1]["codes"] == {
-        "200": 500
-    }
+    assert [(s["requests"], s["codes"]) for s in report["soak"]] == [(300, {"200": 300})]
     table = (tmp_path / "serve-load-toy.md").read_text()
     assert "| 8 | httpx |" in table and "cores" in table.splitlines()[0]

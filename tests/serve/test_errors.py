@@ -308,3 +308,23 @@ def test_a_classifier_checkpoint_served_as_int8_is_refused() -> None:
     with pytest.raises(ValueError, match="int8 is for translation models"):
         load_served(ModelSpec("imdb", str(CLASSIFIER), precision="int8"))
     assert SOURCES  # (the fixture sentences the other files translate)
+
+
+def test_the_kind_of_every_checkpoint_we_read_is_found(tmp_path: Path) -> None:
+    """Ours (the kind in config.json), a sentence-transformers folder, a Hugging Face
+    BertForSequenceClassification, a plain BERT (an encoder); a kind nobody serves is named."""
+    import transformers
+
+    from scratchformer.formats.hf_bert import default_model_dir
+    from scratchformer.serve.models import detect_kind
+
+    assert [detect_kind(str(p)) for p in (TRANSLATION, CLASSIFIER)] == ["translation", "text_classifier"]
+    minilm = default_model_dir()  # all-MiniLM-L6-v2 (the test extra's package): modules.json
+    assert minilm is None or detect_kind(str(minilm)) == "embedding"
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+    )
+    transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "clf")
+    transformers.BertModel(config).save_pretrained(tmp_path / "bert")
+    assert detect_kind(str(tmp_path / "clf")) == "text_classifier"
+    assert detect_kind(str(tmp_path / "bert")) == "embedding"

@@ -44,19 +44,19 @@ async def clients(url: str, n: int, concurrent: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the server's memory from /proc")
 def test_hundreds_of_concurrent_clients_are_all_answered_in_batches_with_flat_memory() -> None:
-    """300 requests at 100 at a time, twice: every one answered (200, or 429 over the queue limit),
+    """200 requests at 100 at a time, twice: every one answered (200, or 429 over the queue limit),
     batches of more than one input formed, and the second round leaves the memory where the first
-    did (within 40 MB: allocator noise; a leak of a kilobyte per request would be 300 KB a round,
-    a leaked batch's tensors far more)."""
+    did (within 40 MB: allocator noise; a leak of a kilobyte per request would be 200 KB a round,
+    a leaked batch's tensors far more). The 10,000-request soak is benchmarks.serve_load's."""
     args = ["--checkpoint", f"de-en={TRANSLATION}", "--threads", "1", "--limit", "max_queue=64"]
     with serve_process(*args) as (process, url, _):
-        first = asyncio.run(clients(url, 300, 100))
+        first = asyncio.run(clients(url, 200, 100))
         memory = resident_mb(process.pid)
-        second = asyncio.run(clients(url, 300, 100))
+        second = asyncio.run(clients(url, 200, 100))
         grown = resident_mb(process.pid) - memory
         metrics = httpx.get(url + "/metrics").text
     for codes in (first, second):
-        assert len(codes) == 300 and set(codes) <= {200, 429} and codes.count(200) >= 100, sorted(set(codes))
+        assert len(codes) == 200 and set(codes) <= {200, 429} and codes.count(200) >= 64, sorted(set(codes))
     size = float(re.search(r'^scratchformer_batch_size_sum\{model="de-en"\} (\S+)', metrics, re.M).group(1))
     count = float(
         re.search(r'^scratchformer_batch_size_count\{model="de-en"\} (\S+)', metrics, re.M).group(1)
