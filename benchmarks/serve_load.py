@@ -21,7 +21,6 @@ import json
 import multiprocessing
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -78,12 +77,6 @@ def _translate_all(texts: list[str], sorted: bool) -> float:  # noqa: A002
     for chunk in [texts] if sorted else chunks(texts, 32):  # (the command's buffer: --batch-size lines)
         _TRANSLATOR.translate(chunk, batch_size=32)
     return len(texts) / (time.perf_counter() - start)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(
@@ -297,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = Path(args.source or Path(args.data) / "multi30k" / "test_2016_flickr.de.gz")
     texts = [t for t in read_lines(source, args.sentences) if t.strip()]
     offline = Offline(args.checkpoint, args.threads, args.precision)
+    from scratchformer.serve.server import free_port
+
     port = free_port()
     server = start_server(args.checkpoint, port, args.threads, args.precision, args.limit)
     url, rows, soaked = f"http://127.0.0.1:{port}", [], []

@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
-from scratchformer.serve.server import spawn
+from scratchformer.serve.server import free_port, spawn
 
 SENTENCE = "Ein Mann fährt mit dem Fahrrad durch die Stadt."
 
@@ -148,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1200)
     parser.add_argument("--height", type=int, default=1100)
     args = parser.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     server = spawn([arg for c in args.checkpoint for arg in ("--checkpoint", c)], port, seconds=180)
     try:

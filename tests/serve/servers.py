@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ import httpx
 
 from scratchformer.serve import Limits, ModelSpec, ServeConfig, create_app
 from scratchformer.serve.models import Options, ServedModel
+from scratchformer.serve.server import free_port
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "v0.1.0"
 TRANSLATION, CLASSIFIER, CAPTIONING = (FIXTURES / k for k in ("translation", "text_classifier", "captioning"))
@@ -112,12 +112,6 @@ async def concurrently(app: Any, requests: list[tuple[str, dict]]) -> list[httpx
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         return await asyncio.gather(*(client.post(path, json=body) for path, body in requests))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -17,14 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from servers import CLASSIFIER, SOURCES, TRANSLATION, SlowModel, config, free_port, serve_process, wait_ready
+from servers import CLASSIFIER, SOURCES, TRANSLATION, SlowModel, config, serve_process, wait_ready
 
+from benchmarks.serve_load import resident_mb
 from scratchformer.serve import ModelSpec, create_app
-
-
-def resident_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
+from scratchformer.serve.server import free_port
 
 
 async def clients(url: str, n: int, concurrent: int) -> list[int]:

@@ -68,11 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
     data: dict = {}
     if args.config:
         data = ServeConfig.from_file(args.config).__dict__.copy()
-    models = list(data.get("models", []))
-    for text in args.checkpoint:
-        spec = ModelSpec.parse(text)
-        models.append(ModelSpec(spec.name, spec.path, precision=args.precision))
-    data["models"] = models
+    data["models"] = [*data.get("models", []), *(ModelSpec.parse(t, args.precision) for t in args.checkpoint)]
     for name in ("host", "port", "threads", "device", "api_key"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)

@@ -13,6 +13,7 @@ threads (:mod:`~scratchformer.serve.batcher`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -201,9 +202,15 @@ def _add_model_routes(app: FastAPI, state: ServerState, key: Any) -> None:
     @app.post("/v1/attention", dependencies=[key], responses=ERRORS, tags=["page"])
     async def attention(body: AttentionRequest, request: Request) -> Any:
         """A translation's attention weights: encoder, decoder and cross-attention, per layer and head."""
-        parameters = {**body.parameters, "layer": body.layer}
         answers, _, _ = await _answer(
-            state, request, "attention", [body.inputs], parameters, body.model, "attention"
+            state,
+            request,
+            "attention",
+            [body.inputs],
+            body.parameters,
+            body.model,
+            "attention",
+            {"layer": body.layer},
         )
         return answers[0]
 
@@ -269,8 +276,10 @@ def _prepare(
     parameters: dict,
     name: str | None,
     method: str = "run",
+    extra: dict[str, Any] | None = None,
 ) -> Job:
-    """Check a request (model, inputs, parameters, lengths) and make its job; nothing queued yet."""
+    """Check a request (model, inputs, parameters, lengths) and make its job; nothing queued yet.
+    ``extra``: values of the route's own beside the checked parameters (the attention's layer)."""
     model = state.model_for(name, endpoint)
     request.state.model = model.name
     limits = state.limits
@@ -281,10 +290,9 @@ def _prepare(
     empty = [i for i, t in enumerate(items) if isinstance(t, str) and not t.strip()]
     if empty:
         raise RequestError(422, f"inputs[{empty[0]}] is empty")
-    layer = parameters.pop("layer", None) if method == "attention" else None
     options = model.options(parameters, limits.max_new_tokens)
-    if method == "attention":
-        options = type(options)(options.key, {**options.values, "layer": layer}, options.config)
+    if extra:
+        options = dataclasses.replace(options, values={**options.values, **extra})
     lengths = model.lengths(items)
     long = [(i, n) for i, n in enumerate(lengths) if n > limits.max_input_tokens]
     if long:
@@ -305,11 +313,12 @@ async def _answer(
     parameters: dict,
     name: str | None,
     method: str = "run",
+    extra: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], ServedModel, list[int]]:
     """Queue a request's inputs and wait for all their answers (or its deadline, or its client leaving)."""
     state.enter()
     try:
-        job = _prepare(state, request, endpoint, items, dict(parameters), name, method)
+        job = _prepare(state, request, endpoint, items, parameters, name, method, extra)
         state.batchers[request.state.model].submit(job)
         answers = await _wait(job, request)
         return answers, state.models[request.state.model], job.lengths
@@ -367,7 +376,7 @@ async def _stream(
     error`` with the error's object: the deadline, a failure)."""
     state.enter()
     try:
-        job = _prepare(state, request, endpoint, items, dict(parameters), name)
+        job = _prepare(state, request, endpoint, items, parameters, name)
         events: asyncio.Queue = asyncio.Queue()
         job.on_answer = lambda i, answer: events.put_nowait((None, {"index": i, **answer}))
         job.on_token = lambda i, token: events.put_nowait(("token", {"index": i, **token}))

@@ -239,6 +239,7 @@ class TokenStream:
 
     def __init__(self, model: ServedModel, batch: list[tuple[Job, int]]):
         self.model, self.batch = model, batch
+        self.eos = batch[0][0].options.config.eos_token_id  # (the batch's decoding: one config)
         self.outputs: dict[tuple[int, int], tuple[list[int], str]] = {}  # (input, sequence) -> ids, sent
         self.ended: set[tuple[int, int]] = set()
 
@@ -250,7 +251,7 @@ class TokenStream:
             if job.on_token is None or (k, j) in self.ended:
                 continue
             ids, sent = self.outputs.get((k, j), ([], ""))
-            special = token == self.model.eos_id
+            special = token == self.eos
             if special:
                 self.ended.add((k, j))
             else:

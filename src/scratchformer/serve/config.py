@@ -70,14 +70,14 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: {self.path} is not a directory")
 
     @classmethod
-    def parse(cls, text: str) -> ModelSpec:
+    def parse(cls, text: str, precision: str = "fp32") -> ModelSpec:
         """``DIR`` or ``NAME=DIR`` (the command line's --checkpoint); a bare DIR is named after its
         folder (its parent's name for a run's ``best`` or ``last``)."""
         name, sep, path = text.partition("=")
         if not sep:
             path, folder = text, Path(text).resolve()
             name = folder.parent.name if folder.name in ("best", "last") else folder.name
-        return cls(name, path)
+        return cls(name, path, precision=precision)
 
 
 @dataclass

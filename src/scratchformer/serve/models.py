@@ -134,10 +134,6 @@ class _Generating(ServedModel):
     def streams_tokens(self, options: Options) -> bool:
         return options.config is not None and options.config.num_beams == 1
 
-    @property
-    def eos_id(self) -> int:
-        return self.task.generation_config().eos_token_id
-
     def text_of(self, ids: list[int]) -> str:
         """An output's text so far (for streaming)."""
         raise NotImplementedError

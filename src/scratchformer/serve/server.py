@@ -19,7 +19,7 @@ from scratchformer.serve.app import create_app
 from scratchformer.serve.config import ServeConfig
 from scratchformer.serve.state import ServerState
 
-__all__ = ["run_server", "spawn"]
+__all__ = ["free_port", "run_server", "spawn"]
 
 
 class DrainingServer(uvicorn.Server):
@@ -67,6 +67,15 @@ def run_server(config: ServeConfig) -> int:
         print(f"error: {state.error}", flush=True)
         return 1
     return 0
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (for :func:`spawn`)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def spawn(args: Sequence[str], port: int, seconds: float = 300, **popen: object) -> subprocess.Popen:

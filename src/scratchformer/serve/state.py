@@ -5,7 +5,6 @@ model, the requests in flight, and whether it is draining."""
 from __future__ import annotations
 
 import threading
-import time
 import traceback
 
 from scratchformer.serve.batcher import MicroBatcher, Overloaded
@@ -25,7 +24,6 @@ class ServerState:
         self.batchers: dict[str, MicroBatcher] = {}
         self.status, self.error = "loading", ""
         self.in_flight = 0
-        self.started = time.time()
         self._given = models  # already loaded (tests, the Python API): served as they are
         self.done_loading = threading.Event()
 
