@@ -31,6 +31,7 @@ SHARED_WORKER = {
     "tests/tasks/test_translation.py": "tiny_translation",
     "tests/cli/test_generation_cli.py": "tiny_translation",
     "tests/scripts/test_fast_beam_parity.py": "tiny_translation",
+    "tests/scripts/test_translation_ensemble.py": "tiny_translation",
 }
 # The tests whose results depend on the CPU's kernels (their order of adding, their rounding): the
 # golden runs and every parity test against another engine or library. .ci/run runs them a second

@@ -20,7 +20,13 @@ from scratchformer.data.shapes import shape_scene_splits
 from scratchformer.models.captioning import CaptioningConfig
 from scratchformer.models.classifier import ClassifierConfig
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.tasks.captioning import CaptioningRecipe, CaptionSplits, SelfCriticalOptions
+from scratchformer.tasks.captioning import (
+    AugmentOptions,
+    CaptioningRecipe,
+    CaptionSplits,
+    FineTuneOptions,
+    SelfCriticalOptions,
+)
 from scratchformer.tasks.classification import ClassifierRecipe
 from scratchformer.tasks.common import DECODING_KEYS, DecodingOptions
 from scratchformer.tasks.masked_lm import MLMRecipe
@@ -47,6 +53,8 @@ DESCRIBED = [
     DecodingOptions,
     CaptionSplits,
     SelfCriticalOptions,
+    FineTuneOptions,
+    AugmentOptions,
     shape_scene_splits,
 ]
 

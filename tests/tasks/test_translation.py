@@ -6,6 +6,7 @@ import gzip
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from scratchformer.tasks.translation import (
     label_smoothed_loss,
     load_translator,
     train_translation,
+    translation_attention,
 )
 from scratchformer.training import TrainConfig
 
@@ -299,3 +301,63 @@ def test_bad_decoding_grid_is_refused(tmp_path: Path, grid, message) -> None:
     recipe.decoding_grid = grid
     with pytest.raises(ValueError, match=message):
         recipe.validate()
+
+
+def test_an_ensemble_of_one_translator_is_that_translator(tiny_translation) -> None:
+    """A one-member Ensemble (forced: load_translator([A]) returns A itself) decodes as the model:
+    the same texts and, up to float rounding, the same scores, for beam, greedy and sampling."""
+    from scratchformer.generation import Ensemble
+
+    _, report, run = tiny_translation
+    single = load_translator(run / report["test_checkpoint"], device="cpu")
+    assert load_translator([run / report["test_checkpoint"]], device="cpu").members == 1
+    one = Translator(Ensemble([single.model]), single.tokenizer, single.decoding, single.device)
+    assert one.members == 1
+    texts = ["Ein rot hund läuft.", "Ein klein katze schläft.", "Ein groß mann läuft."]
+    for config in (
+        single.generation_config(3, num_return_sequences=2),
+        single.generation_config(1),
+        single.generation_config(1, do_sample=True, num_return_sequences=2),
+    ):
+        ours, theirs = one.generate(texts, config, seed=5), single.generate(texts, config, seed=5)
+        assert [[h.text for h in n] for n in ours] == [[h.text for h in n] for n in theirs]
+        for a, b in zip(ours, theirs):
+            assert [h.log_prob for h in a] == pytest.approx([h.log_prob for h in b], abs=1e-4)
+
+
+def test_translate_and_evaluate_take_several_checkpoints(tiny_translation, tmp_path: Path, capsys) -> None:
+    recipe, _, run = tiny_translation
+    first, second = (str(p) for p in sorted(run.glob("step-*")))  # two models, one tokenizer
+    ensemble = load_translator([first, second], device="cpu")
+    assert ensemble.members == 2
+    texts = ["Ein klein katze schläft.", "Ein blau mann läuft."]
+    expected = ensemble.translate(texts)
+    twice = load_translator([first, first], device="cpu")  # two copies of a model are that model
+    assert twice.translate(texts) == load_translator(first, device="cpu").translate(texts)
+
+    capsys.readouterr()
+    argv = ["translate", "--checkpoint", first, "--checkpoint", second, "--device", "cpu", "--json"]
+    for text, wanted in zip(texts, expected):
+        assert main([*argv, text]) == 0
+        assert json.loads(capsys.readouterr().out)["translation_text"] == wanted
+    test = load_parallel_texts(recipe.test_source, recipe.test_target)
+    argv = ["evaluate", "--checkpoint", first, "--checkpoint", second, "--source", recipe.test_source]
+    assert main([*argv, "--reference", recipe.test_target, "--device", "cpu", "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["bleu"] == pytest.approx(ensemble.evaluate(test.sources, test.targets)["bleu"])
+
+    # members of another vocabulary are refused, naming the member; so is one model's business
+    other = tmp_path / "other"
+    shutil.copytree(first, other)
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    a, b = [k for k, v in vocab.items() if v > 10][:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(ValueError, match="ensemble member 2 has another tokenizer"):
+        load_translator([first, str(other)], device="cpu")
+    with pytest.raises(ValueError, match="one model's: give one checkpoint"):
+        ensemble.save_pretrained(tmp_path / "export")
+    with pytest.raises(ValueError, match="one model's"):
+        translation_attention(ensemble, "Ein rot hund läuft.")
+    assert ensemble.with_precision("int8").translate(texts[:1])[0]  # each member converted

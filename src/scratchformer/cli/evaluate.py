@@ -29,7 +29,8 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         required=True,
         action="append",
         help="our checkpoint, or its Hugging Face export (Marian; BertForSequenceClassification, "
-        "any such directory too); captioning: repeat it to evaluate an ensemble (mean log-probabilities)",
+        "any such directory too); translation and captioning: repeat it to evaluate an ensemble (mean "
+        "log-probabilities)",
     )
     evaluate.add_argument("--data", help="classifier: JSONL/CSV file with text and label")
     evaluate.add_argument("--source", help="translation: source sentences, one per line (.gz ok)")
@@ -71,11 +72,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     _refuse_outputs_over_inputs(args)
     kinds = [checkpoint_kind(c) for c in args.checkpoint]
     kind = kinds[0]
-    if len(kinds) > 1 and set(kinds) != {"captioning"}:
+    if len(kinds) > 1 and (len(set(kinds)) > 1 or kind not in ("captioning", "translation")):
         raise ValueError(
-            f"several --checkpoint: only captioning models decode as an ensemble, got {', '.join(kinds)}"
+            "several --checkpoint: translation or captioning models of one kind decode as an ensemble, "
+            f"got {', '.join(kinds)}"
         )
-    if kind != "captioning":
+    if kind not in ("captioning", "translation"):
         args.checkpoint = args.checkpoint[0]
     args.generation = generation_options(args)
     if kind not in ("translation", "captioning") and (args.generation or args.prefix):

@@ -32,9 +32,11 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
     translate.add_argument(
         "--checkpoint",
         required=True,
+        action="append",
         help="our translation checkpoint, or a Hugging Face "
         "Marian or Pegasus directory (opus-mt: config.json, model.safetensors, source.spm, target.spm, "
-        "vocab.json; our --format hf export)",
+        "vocab.json; our --format hf export); repeat it to translate with an ensemble (mean "
+        "log-probabilities; the models must share the tokenizer)",
     )
     add_generation_options(translate)
     translate.add_argument("--batch-size", type=positive, default=32, help="sentences decoded together")
@@ -63,12 +65,14 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
 
 def _translate(args: argparse.Namespace) -> int:
     options = generation_options(args)
-    require_checkpoint(args.checkpoint)  # the checks so far need no torch; the work below does
+    for checkpoint in args.checkpoint:
+        require_checkpoint(checkpoint)  # the checks so far need no torch; the work below does
 
     from scratchformer.formats.hf_bert import refuse_engine_export
     from scratchformer.tasks.translation import load_translator, read_lines
 
-    refuse_engine_export(args.checkpoint)  # an ONNX or CTranslate2 export: say how to run it
+    for checkpoint in args.checkpoint:
+        refuse_engine_export(checkpoint)  # an ONNX or CTranslate2 export: say how to run it
     translator = load_translator(args.checkpoint, device=args.device)
     translator = translator.with_precision(resolve_precision(args.precision, translator.device))
     config = translator.generation_config(**options)

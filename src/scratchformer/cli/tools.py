@@ -89,6 +89,15 @@ def add_features(sub: argparse._SubParsersAction) -> None:
     features.add_argument(
         "--out", required=True, type=out_path, help="the .safetensors file (images already in it are skipped)"
     )
+    features.add_argument(
+        "--top-stages",
+        type=int,
+        choices=range(8),
+        default=0,
+        metavar="K",
+        help="the regions below the encoder's top K stages (a recipe's finetune.stages: the input of "
+        "the stages it trains); default 0: the head's regions",
+    )
     features.add_argument("--batch-size", type=positive, default=32)
     features.add_argument("--device", default="auto")
     add_progress_option(features)
@@ -109,7 +118,7 @@ def _features(args: argparse.Namespace) -> int:
     features = extract_image_features(
         args.images,
         args.out,
-        ImageEncoder(args.encoder).to(device),
+        ImageEncoder(args.encoder, args.top_stages).to(device),
         batch_size=args.batch_size,
         device=device,
         progress=not args.no_progress,

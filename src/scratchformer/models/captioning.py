@@ -5,6 +5,7 @@ word by word, attending to it:
 
     memory = Encoder(PatchEmbedding(pixels))      from pixels: a small ViT made of our layers
     memory = Linear(features) [+ region positions] from CNN features (B, D_img) or regions (B, R, D_img)
+    memory = Linear(ImageTop(features)) [+ ...]   from the regions below a CNN's top stages, fine-tuned
     logits = Generator(Decoder(Embed(caption), memory))
 
 It has the encoder-decoder interface of :class:`~scratchformer.Transformer` (``encode``,
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from scratchformer.core.checks import check_features, check_tokens
 from scratchformer.core.config import ModelConfig
+from scratchformer.models.image_encoder import IMAGE_ENCODERS, ImageTop
 from scratchformer.models.patch_embedding import PatchEmbedding
 
 __all__ = ["CaptioningConfig", "CaptioningTransformer"]
@@ -49,11 +51,16 @@ class CaptioningConfig(ModelConfig):
         num_decoder_layers: caption decoder layers (>= 1).
         max_len: longest caption in tokens, <START> included.
         tie_output: the output projection reuses the word embedding matrix.
+        image_stages: "features" only: > 0: the features are the regions below the top
+            ``image_stages`` stages of ``image_encoder`` (B, h*w, C), and those stages and the
+            head (:class:`~scratchformer.models.image_encoder.ImageTop`, ImageNet weights to start
+            from) are part of the model and train with it; ``feature_dim`` is their output's, 1280.
+        image_encoder: the EfficientNet-Lite of ``image_stages`` (e.g. "efficientnet-lite2").
     """
 
     VOCABS = ("vocab_size",)
     SIZES = ("image_size", "channels", "patch_size", "feature_dim", "num_decoder_layers")
-    DEPTHS = ("num_encoder_layers", "num_regions")
+    DEPTHS = ("num_encoder_layers", "num_regions", "image_stages")
 
     vocab_size: int
     _: KW_ONLY
@@ -71,6 +78,8 @@ class CaptioningConfig(ModelConfig):
     norm_first: bool = True
     max_len: int = 32
     tie_output: bool = True
+    image_stages: int = 0
+    image_encoder: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +89,11 @@ class CaptioningConfig(ModelConfig):
             raise ValueError(
                 f"num_regions={self.num_regions} applies to region features (input 'features'), "
                 "not to pixels (their patches have positions already)"
+            )
+        if self.image_stages and (self.input != "features" or self.image_encoder not in IMAGE_ENCODERS):
+            raise ValueError(
+                f"image_stages={self.image_stages}: fine-tuning needs input 'features' and an "
+                f"image_encoder of {', '.join(IMAGE_ENCODERS)}, got {self.input!r}, {self.image_encoder!r}"
             )
         if self.input == "pixels" and self.image_size % self.patch_size:
             raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
@@ -102,6 +116,9 @@ class CaptioningTransformer(nn.Module):
     def __init__(self, config: CaptioningConfig):
         super().__init__()
         self.config = c = config
+        if c.image_stages:  # the CNN's top, fine-tuned; the random stream is left as it was, so the
+            with torch.random.fork_rng(devices=[]):  # layers below start as without it
+                self.image_top = ImageTop(c.image_encoder, c.image_stages)
         self.visual: nn.Module = (
             PatchEmbedding(c.image_size, c.patch_size, c.channels, c.d_model)
             if c.input == "pixels"
@@ -127,7 +144,8 @@ class CaptioningTransformer(nn.Module):
         """Image -> memory (B, N, D).
 
         ``images``: with input "pixels", (B, C, H, W) uint8 (0-255) or float (0-1); with
-        "features", (B, D_img) (one memory slot) or (B, R, D_img) (R regions).
+        "features", (B, D_img) (one memory slot) or (B, R, D_img) (R regions); with
+        ``image_stages``, (B, h*w, C) regions below the image encoder's top stages.
         ``src_padding_mask`` must be None (kept for the decoding functions' interface).
         """
         if src_padding_mask is not None:
@@ -138,6 +156,8 @@ class CaptioningTransformer(nn.Module):
                 images = images.float() / 255.0
             x = self.visual(images)  # (B, N, D), checks the shape
         else:
+            if c.image_stages:
+                images = self.image_top(images)  # (B, h*w, C) -> (B, G*G, 1280)
             if images.dim() == 2:
                 images = images[:, None, :]  # one vector per image: a memory of length 1
             check_features("features", images, "(B, D_img) or (B, R, D_img)", c.feature_dim)

@@ -7,7 +7,7 @@ import numbers
 import os
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scratchformer.training.schedule import SCHEDULES
@@ -60,6 +60,8 @@ class TrainConfig:
         max_steps: optimizer steps in total (also the decay horizon of the schedule); None: ``epochs``
             decide.
         lr: peak learning rate (> 0).
+        lr_groups: parameters whose name starts with a key train at that key's peak learning rate
+            instead of ``lr`` (the same schedule), e.g. {"image_top.": 1e-4}; each key must name some.
         weight_decay: AdamW decay of weight matrices (not biases/norms), >= 0.
         betas: AdamW's two moment coefficients, each in [0, 1).
         adam_eps: AdamW's epsilon (> 0).
@@ -106,6 +108,7 @@ class TrainConfig:
     epochs: int = 1
     max_steps: int | None = None
     lr: float = 5e-4
+    lr_groups: dict[str, float] = field(default_factory=dict)
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
@@ -173,6 +176,11 @@ class TrainConfig:
                     raise ValueError(f"{name} must be a finite number, got {value!r}")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ValueError(f"lr must be positive, got {self.lr}")
+        for prefix, lr in self.lr_groups.items():
+            if not prefix or not lr > 0 or not math.isfinite(lr):
+                raise ValueError(
+                    f"lr_groups: expected {{parameter name prefix: lr > 0}}, got {prefix!r}: {lr}"
+                )
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be positive (or null: no clipping), got {self.grad_clip}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -198,6 +206,10 @@ def _fits(value: Any, hint: Any) -> bool:
         return any(_fits(value, h) for h in args)
     if typing.get_origin(hint) is tuple:
         return isinstance(value, tuple) and len(value) == len(args) and all(map(_fits, value, args))
+    if typing.get_origin(hint) is dict:
+        return isinstance(value, dict) and all(
+            _fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items()
+        )
     if isinstance(value, bool):
         return hint is bool
     return isinstance(
@@ -212,4 +224,6 @@ def _describe(hint: Any) -> str:
         return " or ".join(map(_describe, args))
     if typing.get_origin(hint) is tuple:
         return f"[{', '.join(map(_describe, args))}]"
+    if typing.get_origin(hint) is dict:
+        return f"{{{_describe(args[0])}: {_describe(args[1])}, ...}}"
     return TYPE_NAMES[hint]

@@ -14,20 +14,40 @@ __all__ = ["adamw", "optimizer_step", "param_groups"]
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # torch's fused AdamW kernel (one pass over all parameters) runs there
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay weight matrices and embeddings (dim >= 2); never biases or LayerNorm gains."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for p in model.parameters():
+def param_groups(
+    model: nn.Module, weight_decay: float, lr_groups: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """Decay weight matrices and embeddings (dim >= 2); never biases or LayerNorm gains. Parameters
+    whose name starts with a key of ``lr_groups`` form groups of their own with that ``lr`` (the
+    first prefix that matches); the others come first. A key that names no parameter is an error."""
+    prefixes = list(lr_groups or {})
+    groups: dict[tuple[str | None, bool], list[nn.Parameter]] = {
+        (prefix, decay): [] for prefix in [None, *prefixes] for decay in (True, False)
+    }
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            prefix = next((k for k in prefixes if name.startswith(k)), None)
+            groups[prefix, p.dim() >= 2].append(p)
+    unused = [k for k in prefixes if not groups[k, True] and not groups[k, False]]
+    if unused:
+        raise ValueError(
+            f"lr_groups: no trainable parameter's name starts with {', '.join(map(repr, unused))}"
+        )
+    return [
+        {
+            "params": params,
+            "weight_decay": weight_decay if decay else 0.0,
+            **({"lr": lr_groups[prefix]} if prefix is not None and lr_groups else {}),
+        }
+        for (prefix, decay), params in groups.items()
+        if params or prefix is None
+    ]
 
 
 def adamw(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW over ``model``'s trainable parameters as ``config`` says (fused where torch has the kernel)."""
     return torch.optim.AdamW(
-        param_groups(model, config.weight_decay),
+        param_groups(model, config.weight_decay, config.lr_groups),
         lr=config.lr,
         betas=config.betas,
         eps=config.adam_eps,

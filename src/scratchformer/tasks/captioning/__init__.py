@@ -14,17 +14,17 @@ Data (``CaptioningRecipe.data``, read by :func:`load_caption_splits` and
 (the built-in rendered scenes, :mod:`scratchformer.data.shapes`), "cs231n" (cs231n's COCO
 features) or "folder" (images or feature files with captions TSVs, :mod:`scratchformer.data.captions`).
 
-This package holds the task: the recipe, the training tasks (cross-entropy, self-critical) and
-the run. A trained model at work is :mod:`scratchformer.tasks.captioning.captioner`; the metrics
-are in :mod:`scratchformer.data.caption_metrics`, the figures in
-:mod:`scratchformer.tools.caption_figures` (all importable from here too).
+This package holds the task: the recipe (:mod:`.recipe`), the training tasks (cross-entropy,
+self-critical: :mod:`.objectives`) and the run (here). A trained model at work is
+:mod:`scratchformer.tasks.captioning.captioner`; the metrics are in
+:mod:`scratchformer.data.caption_metrics`, the figures in :mod:`scratchformer.tools.caption_figures`
+(all importable from here too).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import random
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
-from scratchformer.data.caption_metrics import CiderD, caption_scores, exact_matches
+from scratchformer.data.caption_metrics import CiderD as CiderD  # (re-exported)
+from scratchformer.data.caption_metrics import caption_scores as caption_scores  # (re-exported)
+from scratchformer.data.caption_metrics import exact_matches
 from scratchformer.data.caption_splits import (
     training_vocabulary,
 )
@@ -43,15 +44,21 @@ from scratchformer.data.image_features import (
     load_photo,
 )
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR
-from scratchformer.generation import greedy_decode, sample_decode
-from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
+from scratchformer.models.captioning import CaptioningTransformer
 from scratchformer.models.image_encoder import ImageEncoder
 from scratchformer.tasks.captioning.captioner import Captioner, choose_decoding, load_captioner
+from scratchformer.tasks.captioning.objectives import CaptioningTask, SelfCriticalTask
+from scratchformer.tasks.captioning.recipe import (
+    AugmentOptions as AugmentOptions,
+)
 from scratchformer.tasks.captioning.recipe import (  # the recipe and its data; re-exported here
     CaptioningRecipe as CaptioningRecipe,
 )
 from scratchformer.tasks.captioning.recipe import (
     CaptionSplits as CaptionSplits,
+)
+from scratchformer.tasks.captioning.recipe import (
+    FineTuneOptions as FineTuneOptions,
 )
 from scratchformer.tasks.captioning.recipe import (
     SelfCriticalOptions as SelfCriticalOptions,
@@ -70,8 +77,6 @@ from scratchformer.tasks.captioning.recipe import (
 )
 from scratchformer.tasks.common import (
     TrainingRun,
-    label_smoothed_loss,
-    pad_ids,
     stopped_early,
 )
 from scratchformer.tools import caption_figures
@@ -80,7 +85,6 @@ from scratchformer.tools.caption_figures import (
 )
 from scratchformer.training import Trainer, check_run, distributed
 from scratchformer.training.checkpoint import load_checked, update_config
-from scratchformer.training.precision import at_least_fp32
 
 __all__ = [
     "CaptioningRun",
@@ -110,173 +114,6 @@ def plot_caption_examples(
     )
 
 
-class CaptioningTask:
-    """The captioning :class:`~scratchformer.training.TrainingTask`: each epoch every image once, with
-    ``captions_per_image`` of its references drawn at random (the image is encoded once for all of
-    them); label-smoothed cross-entropy; validation loss, greedy
-    BLEU-4, CIDEr-D and exact match."""
-
-    def __init__(
-        self,
-        vocab: Vocabulary,
-        train: CaptionExamples,
-        valid: CaptionExamples,
-        model_config: CaptioningConfig,
-        batch_size: int,
-        label_smoothing: float,
-        decoding: dict[str, Any],
-        photos: dict[str, Any] | None = None,
-        captions_per_image: int = 1,
-    ):
-        self.vocab, self.train, self.valid, self.model_config = vocab, train, valid, model_config
-        self.captions_per_image = captions_per_image
-        self.batch_size, self.label_smoothing, self.decoding, self.photos = (
-            batch_size,
-            label_smoothing,
-            decoding,
-            photos,
-        )
-        limit = model_config.max_len - 1  # room for <START> / <END>
-        self.encoded = [[vocab.encode(r)[:limit] for r in refs] for refs in train.references]
-
-    def batches(self, epoch: int, seed: int) -> list[list[tuple[int, tuple[int, ...]]]]:
-        """Batches of ``batch_size`` images, each with ``captions_per_image`` of its references (drawn
-        without replacement; all if it has fewer), shuffled by (seed, epoch)."""
-        rng = random.Random(f"{seed}-{epoch}")
-        order = list(range(len(self.encoded)))
-        rng.shuffle(order)
-        k = self.captions_per_image
-        items = [
-            (
-                i,
-                (rng.randrange(len(self.encoded[i])),)
-                if k == 1
-                else tuple(rng.sample(range(len(self.encoded[i])), min(k, len(self.encoded[i])))),
-            )
-            for i in order
-        ]
-        return [items[s : s + self.batch_size] for s in range(0, len(items), self.batch_size)]
-
-    def _loss_inputs(self, captions: Sequence[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        return pad_ids([[START] + c for c in captions], device), pad_ids(
-            [c + [END] for c in captions], device
-        )
-
-    def loss(
-        self, model: nn.Module, batch: list[tuple[int, tuple[int, ...]]], device: torch.device
-    ) -> tuple[Tensor, int]:
-        images = self.train.inputs[[i for i, _ in batch]].to(device)
-        tgt_in, tgt_out = self._loss_inputs([self.encoded[i][j] for i, refs in batch for j in refs], device)
-        per_image = [len(refs) for _, refs in batch]
-        logits = model(images, tgt_in, per_image if max(per_image) > 1 else 1)  # each image encoded once
-        return label_smoothed_loss(logits, tgt_out, self.label_smoothing, PAD), int((tgt_out != PAD).sum())
-
-    def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        limit = self.model_config.max_len - 1
-        total, tokens = 0.0, 0
-        for start in range(0, len(self.valid), 128):
-            images = self.valid.inputs[start : start + 128].to(device)
-            refs = [self.vocab.encode(r[0])[:limit] for r in self.valid.references[start : start + 128]]
-            tgt_in, tgt_out = self._loss_inputs(refs, device)
-            logits = at_least_fp32(model(images, tgt_in))
-            total += F.cross_entropy(
-                logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum"
-            ).item()
-            tokens += int((tgt_out != PAD).sum())
-        captioner = Captioner(model, self.vocab, self.decoding, device)  # type: ignore[arg-type]
-        scores = caption_scores(captioner.caption(self.valid.inputs, beam_size=1), self.valid.references)
-        return {"loss": total / tokens, **{k: scores[k] for k in ("bleu4", "cider", "exact_match")}}
-
-    def checkpoint_config(self) -> dict[str, Any]:
-        return {
-            "kind": "captioning",
-            "model": self.model_config.to_dict(),
-            "decoding": self.decoding,
-            **({"photos": self.photos} if self.photos else {}),
-        }
-
-    def save_files(self, directory: Path) -> None:
-        (directory / "vocab.json").write_text(json.dumps(self.vocab.to_json()))
-
-
-class SelfCriticalTask(CaptioningTask):
-    """Self-critical sequence training (Rennie et al. 2017), the step after cross-entropy that
-    optimises the metric itself: for each image draw ``samples`` captions from the model, reward
-    each by its CIDEr-D against the image's training references, and raise the log-probability of
-    the samples that beat the baseline, lower the others. The baseline is the mean reward of the
-    image's other samples (``"mean"``, Luo 2020) or the reward of its greedy caption (``"greedy"``,
-    the paper's). Sampling runs without dropout; ``dropout=False`` keeps it off in the gradient's
-    forward pass too, so the log-probabilities are those of the policy that sampled. Evaluation as
-    :class:`CaptioningTask`."""
-
-    def __init__(
-        self, *args: Any, samples: int = 5, baseline: str = "mean", dropout: bool = True, **kwargs: Any
-    ):
-        super().__init__(*args, **kwargs)
-        if samples < 2 and baseline == "mean":
-            raise ValueError(
-                f"scst samples must be >= 2 (the baseline is the other samples' mean), got {samples}"
-            )
-        if baseline not in ("mean", "greedy"):
-            raise ValueError(f"scst baseline: expected 'mean' or 'greedy', got {baseline!r}")
-        self.samples, self.cider = samples, CiderD(self.train.references)
-        self.baseline, self.dropout = baseline, dropout
-        self.captions_per_image = 1  # batches of images; their captions are sampled
-        self._rewards: list[float] = []  # mean sample and baseline rewards of each batch since the last log
-        self._baselines: list[float] = []
-
-    def rewards(self, captions: Tensor, index: Sequence[int], per_image: int) -> Tensor:
-        """CIDEr-D (pycocoevalcap's scale: the tables' figures / 100) of each caption (N * per_image,
-        T) ids against its image's references: (N, per_image)."""
-        return torch.tensor(
-            [
-                self.cider.score(self.vocab.decode(row), index[n // per_image])
-                for n, row in enumerate(captions.tolist())
-            ]
-        ).view(-1, per_image)
-
-    def loss(
-        self, model: nn.Module, batch: list[tuple[int, tuple[int, ...]]], device: torch.device
-    ) -> tuple[Tensor, int]:
-        index = [i for i, _ in batch]
-        images, k = self.train.inputs[index].to(device), self.samples
-        inner: CaptioningTransformer = getattr(model, "module", model)  # sample outside DDP: no gradient
-        limits = {
-            "bos_id": START,
-            "eos_id": END,
-            "max_len_a": 0.0,
-            "max_len_b": self.model_config.max_len - 1,
-        }
-        inner.eval()
-        samples = sample_decode(inner, images, num_samples=k, **limits)
-        if self.baseline == "greedy":
-            greedy = greedy_decode(inner, images, **limits)
-        inner.train(self.dropout)
-        rewards = self.rewards(samples, index, k)
-        if self.baseline == "greedy":
-            base = self.rewards(greedy, index, 1)  # type: ignore[arg-type]
-        else:
-            base = (rewards.sum(1, keepdim=True) - rewards) / (k - 1)
-        self._rewards.append(float(rewards.mean()))
-        self._baselines.append(float(base.mean()))
-        advantage = (rewards - base).flatten().to(device)
-        tgt_in = torch.cat([torch.full_like(samples[:, :1], START), samples[:, :-1]], dim=1)
-        logits = model(images, tgt_in, k)
-        inner.train()
-        log_p = torch.log_softmax(at_least_fp32(logits), dim=-1).gather(-1, samples[..., None])[..., 0]
-        real = samples != PAD
-        return -(advantage[:, None] * log_p * real).sum() / real.sum(), int(real.sum())
-
-    def train_metrics(self) -> dict[str, float]:
-        """The mean CIDEr-D (pycocoevalcap's scale) of the samples and of their baseline since the
-        last call (the trainer logs them with each training record)."""
-        rewards, baselines = self._rewards, self._baselines
-        self._rewards, self._baselines = [], []
-        if not rewards:
-            return {}
-        return {"reward": sum(rewards) / len(rewards), "baseline": sum(baselines) / len(baselines)}
-
-
 class CaptioningRun(TrainingRun):
     """:func:`train_captioner`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the splits and
     vocabulary, a CaptioningTransformer trained with cross-entropy, then (``scst``) self-critical
@@ -293,6 +130,9 @@ class CaptioningRun(TrainingRun):
         super().__init__(recipe, data_dir, resume)
         self.splits = splits
         self.final = self.out  # the weights scored: out_dir's, or out_dir/scst's
+        self.top_lr = recipe.finetune.get("lr", 0.1 * recipe.train.lr) if recipe.finetune else 0.0
+        if self.top_lr:  # the image encoder's top trains at its own learning rate
+            self.config.lr_groups = {**self.config.lr_groups, "image_top.": self.top_lr}
 
     def check(self) -> None:
         r = self.recipe
@@ -310,6 +150,10 @@ class CaptioningRun(TrainingRun):
                 warmup_steps=0,
                 schedule="constant",
                 lr=r.scst.get("lr", r.train.lr * 0.05),
+                lr_groups={
+                    k: v * r.scst.get("lr", r.train.lr * 0.05) / r.train.lr
+                    for k, v in r.train.lr_groups.items()
+                },
                 eval_every=r.scst.get("eval_every", r.train.eval_every),
                 overwrite=r.train.overwrite or (self.resume and not self.resume_scst),
             )
@@ -322,13 +166,24 @@ class CaptioningRun(TrainingRun):
         else:
             self.vocab = training_vocabulary(self.splits, r.min_count)
         seconds_data = self.seconds()
-        self.model_config = config = model_config_for(self.splits["train"], self.vocab, r.model)
+        top = (
+            {
+                "image_stages": r.top_stages,
+                "image_encoder": r.image_encoder,
+                "feature_dim": ImageEncoder.feature_dim,
+            }
+            if r.finetune
+            else {}
+        )
+        self.model_config = config = model_config_for(self.splits["train"], self.vocab, {**r.model, **top})
         self.photos = (
-            {"image_encoder": ImageEncoder.describe(r.image_encoder), "memory": r.memory}
+            {"image_encoder": ImageEncoder.describe(r.image_encoder, r.top_stages), "memory": r.memory}
             if r.data in r.PHOTOS
             else None
         )
         model = self.new_model(lambda: CaptioningTransformer(config))
+        if r.finetune and not self.top_lr:
+            model.image_top.requires_grad_(False)  # finetune.lr 0: the top runs, frozen
         task = CaptioningTask(
             self.vocab,
             self.splits["train"],
@@ -339,7 +194,14 @@ class CaptioningRun(TrainingRun):
             r.decoding,
             self.photos,
             r.captions_per_image,
+            r.augment,
         )
+        if task.augment is not None and distributed.is_main():
+            print(
+                f"augment: {sum(task.flippable)} of {len(task.flippable)} training photos may be flipped "
+                "(the others' captions mention writing or numbers)",
+                file=sys.stderr,
+            )
         return (
             model,
             task,

@@ -82,12 +82,13 @@ class Captioner:
         if self._encoder is None:
             trained_on = self.photos["image_encoder"]
             name = trained_on.get("encoder")
-            if name not in IMAGE_ENCODERS or ImageEncoder.describe(name) != trained_on:
+            stages = getattr(self.model.config, "image_stages", 0)  # its top fine-tuned: the regions below it
+            if name not in IMAGE_ENCODERS or ImageEncoder.describe(name, stages) != trained_on:
                 raise ValueError(
                     f"this checkpoint was trained on features of {trained_on}, which this installation's "
                     f"image encoders ({', '.join(IMAGE_ENCODERS)}) do not make"
                 )
-            self._encoder = ImageEncoder(name).to(self.device)
+            self._encoder = ImageEncoder(name, stages).to(self.device)
         return self._encoder
 
     def corpus_features(
@@ -216,7 +217,7 @@ class Captioner:
         if isinstance(visual, PatchEmbedding):
             return visual.grid, image
         if self.photos is not None and self.photos["memory"] == "regions" and photo is not None:
-            return int(round(image.shape[0] ** 0.5)), photo
+            return int(round(self.model.config.num_regions**0.5 or image.shape[0] ** 0.5)), photo
         raise ValueError(
             "attention over the image needs a model that reads pixels or photo regions (memory "
             "'regions'), and the photo"

@@ -60,8 +60,10 @@ class EnsembleCaptioner(Captioner):
 
     @staticmethod
     def _input_shape(captioner: Captioner) -> tuple[int, ...]:
-        c = captioner.model.config
+        c, model = captioner.model.config, captioner.model
         pooled = captioner.photos is not None and captioner.photos["memory"] == "pooled"
+        if c.image_stages:  # the regions below its fine-tuned top
+            return (model.image_top.in_side**2, model.image_top.in_channels)  # type: ignore[union-attr]
         return (c.feature_dim,) if pooled or not c.num_regions else (c.num_regions, c.feature_dim)
 
     def photo_features(self, paths: Sequence[str | Path], batch_size: int = 32) -> tuple[Tensor, Tensor]:

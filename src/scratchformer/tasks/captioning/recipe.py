@@ -42,8 +42,10 @@ from scratchformer.training import TrainConfig, distributed, resolve_device
 from scratchformer.training.recipe import Recipe, resolve_data_path
 
 __all__ = [
+    "AugmentOptions",
     "CaptionSplits",
     "CaptioningRecipe",
+    "FineTuneOptions",
     "SelfCriticalOptions",
     "load_caption_splits",
     "model_config_for",
@@ -78,6 +80,32 @@ class SelfCriticalOptions(_RequiredSelfCritical, total=False):
     # caption's reward (Rennie et al. 2017)
     dropout: bool  # dropout in the policy-gradient forward pass (default true); false: the log-probabilities
     # are those of the policy that sampled (dropout is never on while sampling)
+
+
+class _RequiredFineTune(TypedDict):
+    stages: int  # the image encoder's top stages that train (>= 1; EfficientNet-Lite has 7), with its head
+
+
+class FineTuneOptions(_RequiredFineTune, total=False):
+    """A captioning recipe's ``finetune`` section (photos): the image encoder's top ``stages`` and
+    head train with the captioner (BatchNorm statistics frozen); the stages below stay frozen and
+    their output is extracted once into ``features``."""
+
+    lr: float  # their peak learning rate (default 0.1 * train.lr; the same schedule; scst scales it
+    # as it scales train.lr); 0: they stay frozen (the frozen encoder's features, computed from the
+    # cached regions at every step: the control of an ablation)
+    features: str  # the file of the regions below the top stages (default
+    # "runs/features/{source}-{encoder}-top{stages}.safetensors")
+
+
+class AugmentOptions(TypedDict, total=False):
+    """A captioning recipe's ``augment`` section (region memories): each training photo's regions
+    are changed at random, in the grid the encoder made (:mod:`scratchformer.data.caption_augment`)."""
+
+    flip: bool  # mirror half of the photos left-right, "left" and "right" swapped in their captions;
+    # never a photo whose captions mention writing or numbers (signs, shirts)
+    crop: float  # the least side of a random crop of the region grid, as a fraction (resized back to the
+    # grid; 1.0: no crop)
 
 
 @dataclass
@@ -139,6 +167,10 @@ class CaptioningRecipe(Recipe):
     train: TrainConfig = field(default_factory=TrainConfig)  # how to train: TrainConfig's fields
     scst: dict[str, Any] = field(default_factory=dict)  # self-critical training after cross-entropy, into
     # ``out_dir``/scst: SelfCriticalOptions ({}: none)
+    finetune: dict[str, Any] = field(default_factory=dict)  # photos: train the image encoder's top
+    # stages too: FineTuneOptions ({}: the encoder stays frozen)
+    augment: dict[str, Any] = field(default_factory=dict)  # region memories: random flips and crops of
+    # the training photos' regions: AugmentOptions ({}: none)
 
     METRICS = ("loss", "bleu4", "cider", "exact_match")
     PHOTOS = ("flickr8k", "karpathy")  # real photographs through the image encoder
@@ -206,6 +238,8 @@ class CaptioningRecipe(Recipe):
                 raise ValueError(f"scst.dropout: expected true or false, got {self.scst['dropout']!r}")
             if not isinstance(self.scst.get("samples", 5), int) or self.scst.get("samples", 5) < 2:
                 raise ValueError(f"scst.samples must be an integer >= 2, got {self.scst.get('samples')!r}")
+        self._validate_finetune()
+        self._validate_augment()
         decided = (
             {"input": "features", "num_encoder_layers": 0}
             if self.data == "cs231n"  # the data decides these
@@ -216,6 +250,57 @@ class CaptioningRecipe(Recipe):
         if decided.get("image_size") is None:  # a folder of images of a size known only when read
             decided["image_size"] = self.model.get("patch_size", 8)
         check_model_fields(CaptioningConfig, {**self.model, **decided}, vocab_size=1000)
+
+    def _validate_finetune(self) -> None:
+        f = self.finetune
+        if not f:
+            return
+        if self.data not in self.PHOTOS or self.memory != "regions":
+            raise ValueError("finetune: the image encoder is fine-tuned on photos with memory 'regions'")
+        unknown = set(f) - {"stages", "lr", "features"}
+        stages = f.get("stages")
+        if unknown or isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 7:
+            raise ValueError(
+                f"finetune: expected {{'stages': 1..7, 'lr': number > 0, 'features': path}}, got {f!r}"
+            )
+        lr = f.get("lr", 1.0)
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf"):
+            raise ValueError(f"finetune.lr must be a number >= 0, got {lr!r}")
+        if not isinstance(f.get("features", ""), str):
+            raise ValueError(f"finetune.features must be a path, got {f['features']!r}")
+
+    def _validate_augment(self) -> None:
+        a = self.augment
+        if not a:
+            return
+        if self.data not in (*self.PHOTOS, "folder", "cs231n") or self.memory != "regions":
+            raise ValueError("augment: flips and crops apply to region features (memory 'regions')")
+        unknown = set(a) - {"flip", "crop"}
+        crop = a.get("crop", 1.0)
+        if (
+            unknown
+            or not isinstance(a.get("flip", False), bool)
+            or isinstance(crop, bool)
+            or not isinstance(crop, (int, float))
+            or not 0 < crop <= 1
+        ):
+            raise ValueError(f"augment: expected {{'flip': true/false, 'crop': number in (0, 1]}}, got {a!r}")
+
+    @property
+    def top_stages(self) -> int:
+        """The image encoder's stages that train (0: frozen)."""
+        return int(self.finetune.get("stages", 0))
+
+    def features_path(self, data_dir: str | Path) -> str:
+        """The feature file of the photos: the encoder's regions, or with ``finetune`` the regions
+        below its top stages."""
+        pattern = (
+            self.finetune.get("features", "runs/features/{source}-{encoder}-top{stages}.safetensors")
+            if self.finetune
+            else self.features
+        )
+        path = pattern.replace("{source}", self.data).replace("{encoder}", self.image_encoder)
+        return str(resolve_data_path(path.replace("{stages}", str(self.top_stages)), data_dir))
 
 
 def load_caption_splits(
@@ -238,10 +323,7 @@ def load_caption_splits(
     elif r.data in r.PHOTOS:
         corpora = photo_corpora(r, data_dir)
         features = photo_feature_file(
-            list(corpora.values()),
-            path(r.features.replace("{source}", r.data).replace("{encoder}", r.image_encoder)),
-            r.train.device,
-            r.image_encoder,
+            list(corpora.values()), r.features_path(data_dir), r.train.device, r.image_encoder, r.top_stages
         )
         splits = photo_splits(corpora, features, r.memory)
     else:
@@ -275,14 +357,15 @@ def photo_feature_file(
     path: str | Path,
     device: str = "cpu",
     encoder_name: str = "efficientnet-lite0",
+    top_stages: int = 0,
 ) -> ImageFeatures:
     """The image encoder's (``encoder_name``) features of every photo of ``corpora`` (one image folder),
     from the file ``path`` where it has them, else extracted into it (on rank 0 under torchrun; the
-    others read it)."""
+    others read it). ``top_stages``: the regions below the encoder's top stages (to fine-tune them)."""
     folder, wanted = photos_folder(corpora)
 
     def extract() -> ImageFeatures:
-        encoder = ImageEncoder(encoder_name).to(resolve_device(device))
+        encoder = ImageEncoder(encoder_name, top_stages).to(resolve_device(device))
         return extract_image_features(folder, path, encoder, names=wanted, device=encoder.mean.device)
 
     def extract_to_disk() -> None:  # under torchrun the features stay on disk, not broadcast

@@ -1,9 +1,10 @@
 """Inference with a trained (or Marian) translation model: :class:`Translator` translates and scores
-text, :func:`load_translator` reads a checkpoint directory, :func:`translation_attention_maps` draws
-its attention for one sentence.
+text, :func:`load_translator` reads a checkpoint directory (several: an ensemble),
+:func:`translation_attention_maps` draws its attention for one sentence.
 
 translator = load_translator("runs/multi30k/best")
 translator.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+ensemble = load_translator(["runs/multi30k/best", "runs/multi30k-seed1/best"])  # mean log-probabilities
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from scratchformer.formats.hf_files import write_export
 from scratchformer.formats.hf_generation import hf_generation_config, model_card
 from scratchformer.formats.marian import is_marian_dir, load_marian, marian_export
 from scratchformer.formats.onnx_translator import export_translator_onnx
-from scratchformer.generation import GenerationConfig, generate
+from scratchformer.generation import Ensemble, GenerationConfig, generate
 from scratchformer.tasks.common import (
     Generated,
     check_batch,
@@ -93,6 +94,38 @@ class Translator:
         self.model, self.tokenizer, self.decoding, self.device = model.eval(), tokenizer, decoding, device
         self.special_ids = special_ids or {"pad": PAD, "bos": BOS, "eos": EOS}
         self.pad, self.bos, self.eos = (self.special_ids[k] for k in ("pad", "bos", "eos"))
+
+    @classmethod
+    def ensemble(cls, translators: Sequence[Translator]) -> Translator:
+        """Translators (>= 1) that share one tokenizer decoding as one: at every step of greedy, beam
+        or sampled decoding the next token's log-probabilities are the mean of the members'
+        (:class:`~scratchformer.generation.Ensemble`; each member encodes the source once and keeps
+        its own cache). The decoding settings, device and tokenizer are the first member's; one
+        translator is returned as it is."""
+        if not translators:
+            raise ValueError("an ensemble needs at least one translator")
+        first = translators[0]
+        if len(translators) == 1:
+            return first
+        for i, t in enumerate(translators[1:], 2):
+            if _vocabulary(t.tokenizer) != _vocabulary(first.tokenizer) or t.special_ids != first.special_ids:
+                raise ValueError(
+                    f"ensemble member {i} has another tokenizer ({t.tokenizer.get_vocab_size()} tokens, the "
+                    f"first has {first.tokenizer.get_vocab_size()}): members must share the vocabulary"
+                )
+            if t.device != first.device:
+                raise ValueError(f"ensemble member {i} is on {t.device}, the first on {first.device}")
+        model = Ensemble([t.model for t in translators])
+        return cls(model, first.tokenizer, first.decoding, first.device, first.special_ids)  # type: ignore[arg-type]
+
+    @property
+    def members(self) -> int:
+        """How many models decode as one (1: a single model)."""
+        return len(self.model.members) if isinstance(self.model, Ensemble) else 1
+
+    def _one_model(self, what: str) -> None:
+        if self.members > 1:
+            raise ValueError(f"{what} is one model's: give one checkpoint, not an ensemble of {self.members}")
 
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
         limit = self.model.config.max_len - 1
@@ -204,6 +237,14 @@ class Translator:
 
         if precision not in ("auto", "fp32", "bf16", "int8"):
             raise ValueError(f"precision: expected 'auto', 'fp32', 'bf16' or 'int8', got {precision!r}")
+        if isinstance(self.model, Ensemble):  # each member converted
+            members = [
+                Translator(m, self.tokenizer, self.decoding, self.device, self.special_ids).with_precision(
+                    precision
+                )
+                for m in self.model.members
+            ]
+            return Translator.ensemble(members)
         if precision == "auto":  # bf16 where the device computes it natively, else fp32
             precision = resolve_precision(precision, self.device)
         current = model_precision(self.model)
@@ -236,6 +277,7 @@ class Translator:
             raise ValueError(f"format: expected 'hf', 'ctranslate2' or 'onnx', got {format!r}")
         if quantization is not None and format != "ctranslate2":
             raise ValueError(f"quantization applies to format 'ctranslate2' only, not {format!r}")
+        self._one_model("an export")
         # the decoding checked first: a ValueError names a wrong option
         hf_generation_config(self.decoding, self.special_ids, self.model.config.max_len)
         self.generation_config()
@@ -272,8 +314,11 @@ class Translator:
         return lambda tmp: save_hf_tokenizer(tokenizer, tmp, eos=self.eos, max_length=max_len)
 
 
-def load_translator(directory: str | Path, device: str = "auto") -> Translator:
-    """Our translation checkpoint, or a Hugging Face Marian directory (opus-mt; or our own export)."""
+def load_translator(directory: str | Path | Sequence[str | Path], device: str = "auto") -> Translator:
+    """Our translation checkpoint, or a Hugging Face Marian directory (opus-mt; or our own export).
+    Several directories (a list): their models decode as one (:meth:`Translator.ensemble`)."""
+    if not isinstance(directory, (str, Path)):
+        return Translator.ensemble([load_translator(d, device) for d in directory])
     if is_marian_dir(directory):
         model, special, decoding = load_marian(directory)
         marian_files = (Path(directory) / "source.spm").is_file()
@@ -312,6 +357,13 @@ def check_tokenizer(tokenizer: Tokenizer, path: str | Path, vocab_size: int | No
         )
 
 
+def _vocabulary(tokenizer: Tokenizer | MarianTokenizer) -> Any:
+    """What members of an ensemble must share: the tokenizer's vocabulary (token -> id)."""
+    if isinstance(tokenizer, MarianTokenizer):
+        return (tokenizer.vocab, tokenizer.target_vocab)
+    return tokenizer.get_vocab(with_added_tokens=True)
+
+
 def read_lines(stream: Iterable[T], chunk: int) -> Iterable[list[T]]:
     """Group a stream of lines into lists of ``chunk`` (for streaming translation). A line that is a
     str is stripped, as the training and test files are read (load_parallel_texts); other items
@@ -334,6 +386,7 @@ def translation_attention(
     "predicted" (T: the target pieces and </s>), "prefix" (T: <s> and the target pieces), "weights":
     {module name, e.g. "decoder.layers.2.cross_attn": (H, rows, columns)}}: encoder self-attention
     (S x S), decoder self-attention (T x T prefix), cross-attention (T x S)."""
+    translator._one_model("attention")
     best = translator.generate([text], config or translator.generation_config())[0][0]
     tgt_ids = best.tokens  # the generated ids, not the text encoded again
     src_ids = translator.encode_sources([text])[0]
