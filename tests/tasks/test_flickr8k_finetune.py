@@ -243,7 +243,8 @@ def test_finetune_lr_0_runs_the_top_frozen(tmp_path: Path) -> None:
     """The ablation's control: the top computed from the cached regions, never trained."""
     root = write_flickr_folder(tmp_path / "f8")
     train = TrainConfig(out_dir=str(tmp_path / "run"), max_steps=2, lr=1e-2, progress=False, device="cpu")
-    recipe = photo_recipe(tmp_path, root, finetune={"stages": 1, "lr": 0}, train=train)
+    lower = str(tmp_path / "lower.safetensors")  # (the default path is under the working folder)
+    recipe = photo_recipe(tmp_path, root, finetune={"stages": 1, "lr": 0, "features": lower}, train=train)
     train_captioner(recipe)
     assert json.loads((tmp_path / "run" / "recipe.json").read_text())["train"]["lr_groups"] == {}
     state = load_file(tmp_path / "run" / "best" / "model.safetensors")
