@@ -138,6 +138,7 @@ class CaptioningRun(TrainingRun):
         r = self.recipe
         if r.scst:  # phase 2's output directory is checked now, not after phase 1
             scst_dir = self.out / "scst"
+            scst_lr = r.scst.get("lr", r.train.lr * 0.05)  # the encoder's top (lr_groups) scaled alike
             # it resumes from its own last/; killed before its first save, it starts afresh
             # (its partial log replaced)
             self.resume_scst = self.resume and distributed.on_main(
@@ -149,11 +150,8 @@ class CaptioningRun(TrainingRun):
                 max_steps=r.scst["steps"],
                 warmup_steps=0,
                 schedule="constant",
-                lr=r.scst.get("lr", r.train.lr * 0.05),
-                lr_groups={
-                    k: v * r.scst.get("lr", r.train.lr * 0.05) / r.train.lr
-                    for k, v in r.train.lr_groups.items()
-                },
+                lr=scst_lr,
+                lr_groups={k: v * scst_lr / r.train.lr for k, v in r.train.lr_groups.items()},
                 eval_every=r.scst.get("eval_every", r.train.eval_every),
                 overwrite=r.train.overwrite or (self.resume and not self.resume_scst),
             )

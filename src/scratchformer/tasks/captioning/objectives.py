@@ -96,15 +96,13 @@ class CaptioningTask:
         self, model: nn.Module, batch: list[tuple[int, tuple[int, ...]]], device: torch.device
     ) -> tuple[Tensor, int]:
         images = self.train.inputs[[i for i, _ in batch]].to(device)
-        captions = [self.encoded[i][j] for i, refs in batch for j in refs]
+        flipped = [False] * len(batch)
         if self.augment is not None:  # drawn from the seed and the batch: a resumed run draws the same
             rng = random.Random(f"{self.seed}-{batch}")
             images, flipped = self.augment(images, [self.flippable[i] for i, _ in batch], rng)
-            captions = [
-                (self.mirrored if f else self.encoded)[i][j]
-                for (i, refs), f in zip(batch, flipped)
-                for j in refs
-            ]
+        captions = [
+            (self.mirrored if f else self.encoded)[i][j] for (i, refs), f in zip(batch, flipped) for j in refs
+        ]
         tgt_in, tgt_out = self._loss_inputs(captions, device)
         per_image = [len(refs) for _, refs in batch]
         logits = model(images, tgt_in, per_image if max(per_image) > 1 else 1)  # each image encoded once
