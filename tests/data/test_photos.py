@@ -149,15 +149,19 @@ def test_a_moved_folder_keeps_its_features_another_folder_is_refused(tmp_path: P
     encoder = MeanColour()
     again = extract_image_features(tmp_path / "moved", out, encoder, progress=False)
     assert encoder.seen == 0 and again.names == first.names and torch.equal(again.pooled, first.pooled)
-    os.utime(tmp_path / "moved" / "p1.jpg", ns=(0, 123))  # one photo replaced since
-    photo_folder(tmp_path / "b")  # other photos of the same names
+    os.utime(tmp_path / "moved" / "p1.jpg", ns=(0, 123))  # touched: the same bytes, still recognised
+    assert extract_image_features(tmp_path / "moved", out, encoder, progress=False).names == first.names
+    assert encoder.seen == 0
+    shutil.copy(tmp_path / "moved" / "p0.jpg", tmp_path / "moved" / "p1.jpg")  # one photo replaced since
+    photo_folder(tmp_path / "b")
+    shutil.copy(tmp_path / "b" / "p0.jpg", tmp_path / "b" / "p1.jpg")  # another photo of the same name
     for folder in ("moved", "b"):
         with pytest.raises(ValueError, match=rf"features of the photos in .*/a, not .*/{folder}; .*p1.jpg"):
             extract_image_features(tmp_path / folder, out, MeanColour(), progress=False)
 
 
 def test_feature_files_of_earlier_versions_still_load(tmp_path: Path) -> None:
-    """0.5.1 to 0.7.0 recorded the absolute folder and each photo's stamp; before, no photos at all."""
+    """0.5.1 to 0.11.0 recorded the absolute folder and each photo's size and time; before, no photos at all."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -171,6 +175,9 @@ def test_feature_files_of_earlier_versions_still_load(tmp_path: Path) -> None:
     save_file(tensors, str(out), metadata=meta)
     assert load_image_features(out).image_dir == str(images.resolve())
     assert extract_image_features(images, out, MeanColour(), progress=False).names == first.names
+    os.utime(images / "p0.jpg", ns=(0, 123))  # such a stamp has no digest: a new time is a changed photo
+    with pytest.raises(ValueError, match=r"1 photos changed .*p0.jpg"):
+        extract_image_features(images, out, MeanColour(), progress=False)
     del meta["photos"]
     save_file(tensors, str(out), metadata=meta)
     assert load_image_features(out).image_dir is None

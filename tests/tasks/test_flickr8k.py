@@ -217,7 +217,15 @@ def test_feature_files_refuse_another_image_folder_or_a_changed_photo(tmp_path: 
     first = extract_image_features(tmp_path / "a", out, CountingEncoder(), progress=False)
     with pytest.raises(ValueError, match=r"features of the photos in .*/a, not .*/b; .* another output file"):
         extract_image_features(tmp_path / "b", out, CountingEncoder(), progress=False)
-    os.utime(tmp_path / "a" / "x.jpg", ns=(0, 123))  # the photo replaced (or touched)
+    photo = tmp_path / "a" / "x.jpg"
+    os.utime(photo, ns=(0, 123))  # touched (a copy, a checkout): the same bytes, so the same photo
+    touched = CountingEncoder()
+    extract_image_features(tmp_path / "a", out, touched, progress=False)
+    assert touched.seen == 0
+    data = bytearray(photo.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # replaced: the same size, other bytes, another time
+    photo.write_bytes(bytes(data))
+    os.utime(photo, ns=(0, 456))
     with pytest.raises(ValueError, match=r"1 photos changed .* \(first: \['x.jpg'\]\); delete .*features"):
         extract_image_features(tmp_path / "a", out, CountingEncoder(), progress=False)
     # a file from before photos were recorded still loads and is reused as it is

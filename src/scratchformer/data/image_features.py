@@ -4,21 +4,23 @@
     pooled   (N, D_img)    float16   the regions' mean
     metadata: the format, the image names (JSON), and what made them: encoder, weights,
               preprocessing, layer (the encoder's ``description``); and the photos they came from:
-              the resolved image folder and each photo's (size, mtime_ns)
+              the resolved image folder and each photo's (size, mtime_ns, content digest)
 
 :func:`extract_image_features` runs an encoder over a folder of photographs in batches with a progress
 bar. It is resumable: finished chunks are kept beside the output (``FILE.parts/``) until the file is
 written, and images already in FILE are skipped, so a killed run or a folder that grew costs only the
 new images. Features made by another encoder or preprocessing, or from another image folder or a
 photo changed since, are refused, never mixed (files written before photos were recorded are trusted).
-Photos are named relative to their folder: a folder moved or renamed since is recognised by its photos'
-sizes and modification times. Files of the folder that are not images (macOS's ``._x.jpg``) are skipped
+A photo is the same when its size and modification time are; where only the time differs (a copy, a
+checkout, a restored backup) its content digest decides, so touched photos are not extracted again.
+Photos are named relative to their folder: a folder moved or renamed since is recognised by its photos. Files of the folder that are not images (macOS's ``._x.jpg``) are skipped
 with a count, or refused (``strict``).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import os
@@ -111,7 +113,8 @@ class ImageFeatures:
     pooled: Tensor
     description: dict[str, str]
     image_dir: str | None = None  # the resolved folder of the photos, where known
-    stamps: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, mtime_ns], where known
+    # name -> [size, mtime_ns, digest], where known ([size, mtime_ns] in files of 0.5.1 to 0.11.0)
+    stamps: dict[str, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (len(self.names) == len(self.regions) == len(self.pooled)):
@@ -146,35 +149,45 @@ def check_same_encoder(found: dict[str, str], expected: dict[str, str], where: s
         )
 
 
-def photo_stamp(path: Path) -> list[int]:
-    """[size in bytes, modification time in ns] of a photo: what tells that it changed."""
+def photo_stamp(path: Path) -> list[Any]:
+    """[size in bytes, modification time in ns, BLAKE2b digest of the bytes] of a photo: what tells
+    that it changed."""
     stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
+    return [stat.st_size, stat.st_mtime_ns, hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()]
 
 
-def check_same_photos(found: ImageFeatures, image_dir: str, stamps: dict[str, list[int]], where: str) -> None:
-    """Refuse features of photos (in ``stamps``) changed since they were made, or of another image
-    folder. Photos are named relative to their folder, so a moved (or renamed) folder is the same
-    photos if every one ``found`` recorded is there with the same size and modification time."""
+def same_photo(path: Path, stamp: Sequence[Any]) -> bool:
+    """Whether the file at ``path`` is the photo ``stamp`` recorded: the same size, and the same
+    modification time or (where the stamp has one) the same content digest."""
+    if not path.is_file():
+        return False
+    stat = path.stat()
+    if stat.st_size != stamp[0]:
+        return False
+    if stat.st_mtime_ns == stamp[1]:
+        return True
+    return len(stamp) > 2 and photo_stamp(path)[2] == stamp[2]
+
+
+def check_same_photos(found: ImageFeatures, image_dir: str, names: Sequence[str], where: str) -> None:
+    """Refuse features of photos (of ``names``, in ``image_dir``) changed since they were made, or of
+    another image folder. Photos are named relative to their folder, so a moved (or renamed) folder is
+    the same photos if every one ``found`` recorded is there, the same (:func:`same_photo`)."""
+    folder = Path(image_dir)
     if found.image_dir is not None and found.image_dir != image_dir:
-        folder = Path(image_dir)
-        elsewhere = [
-            n
-            for n, stamp in found.stamps.items()
-            if not (folder / n).is_file() or photo_stamp(folder / n) != stamp
-        ]
+        elsewhere = [n for n, stamp in found.stamps.items() if not same_photo(folder / n, stamp)]
         if elsewhere or not found.stamps:
             raise ValueError(
                 f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
                 f"{len(elsewhere)} of its {len(found.stamps)} photos are not in {image_dir} with the same "
-                f"size and modification time (first: {elsewhere[:3]}); a moved folder is recognised, but "
+                f"size and content (first: {elsewhere[:3]}); a moved folder is recognised, but "
                 "features of different image folders are never mixed: use another output file"
             )
-    changed = [n for n, stamp in stamps.items() if found.stamps.get(n, stamp) != stamp]
+    changed = [n for n in names if n in found.stamps and not same_photo(folder / n, found.stamps[n])]
     if changed:
         raise ValueError(
-            f"{where}: {len(changed)} photos changed (size or modification time) since their "
-            f"features were made (first: {changed[:3]}); delete {where} to extract them again"
+            f"{where}: {len(changed)} photos changed (size, or modification time and content) since "
+            f"their features were made (first: {changed[:3]}); delete {where} to extract them again"
         )
 
 
@@ -333,7 +346,7 @@ def extract_image_features(
     folder, out = Path(folder), Path(out)
     description = dict(encoder.describe())  # type: ignore[attr-defined]
     names = photos_to_extract(folder, names, out, strict)
-    stamps, image_dir = {n: photo_stamp(folder / n) for n in names}, str(folder.resolve())
+    image_dir = str(folder.resolve())
     parts_dir = out.with_name(out.name + ".parts")
     done: list[ImageFeatures] = []
     earlier = ([out] if out.exists() else []) + (
@@ -342,7 +355,7 @@ def extract_image_features(
     for path in earlier:  # the file, then a killed run's chunks: made as this run would make them, or refused
         done.append(load_image_features(path))
         check_same_encoder(done[-1].description, description, str(path))
-        check_same_photos(done[-1], image_dir, stamps, str(path))
+        check_same_photos(done[-1], image_dir, names, str(path))
     seen = {n for f in done for n in f.names}
     todo = [n for n in names if n not in seen]
     with tqdm(total=len(todo), desc="image features", unit="img", disable=not progress) as bar:
@@ -350,7 +363,7 @@ def extract_image_features(
             chunk = todo[start : start + chunk_size]
             regions, pooled = _encode_photos(folder, chunk, encoder, batch_size, device, bar)
             part = ImageFeatures(
-                chunk, regions, pooled, description, image_dir, {n: stamps[n] for n in chunk}
+                chunk, regions, pooled, description, image_dir, {n: photo_stamp(folder / n) for n in chunk}
             )
             parts_dir.mkdir(parents=True, exist_ok=True)
             number = (
