@@ -161,7 +161,7 @@ def test_a_moved_folder_keeps_its_features_another_folder_is_refused(tmp_path: P
 
 
 def test_feature_files_of_earlier_versions_still_load(tmp_path: Path) -> None:
-    """0.5.1 to 0.11.0 recorded the absolute folder and each photo's size and time; before, no photos at all."""
+    """0.5.1 to 0.11.0 recorded the absolute folder and each photo's size and time; before, no photos."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 

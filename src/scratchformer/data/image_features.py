@@ -13,8 +13,9 @@ new images. Features made by another encoder or preprocessing, or from another i
 photo changed since, are refused, never mixed (files written before photos were recorded are trusted).
 A photo is the same when its size and modification time are; where only the time differs (a copy, a
 checkout, a restored backup) its content digest decides, so touched photos are not extracted again.
-Photos are named relative to their folder: a folder moved or renamed since is recognised by its photos. Files of the folder that are not images (macOS's ``._x.jpg``) are skipped
-with a count, or refused (``strict``).
+Photos are named relative to their folder: a folder moved or renamed since is recognised by its
+photos. Files of the folder that are not images (macOS's ``._x.jpg``) are skipped with a count, or
+refused (``strict``).
 """
 
 from __future__ import annotations
