@@ -150,11 +150,16 @@ def check_same_encoder(found: dict[str, str], expected: dict[str, str], where: s
         )
 
 
+def photo_digest(path: Path) -> str:
+    """The BLAKE2b digest (16 bytes, hex) of a photo's bytes."""
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
 def photo_stamp(path: Path) -> list[Any]:
-    """[size in bytes, modification time in ns, BLAKE2b digest of the bytes] of a photo: what tells
-    that it changed."""
+    """[size in bytes, modification time in ns, :func:`photo_digest`] of a photo: what tells that it
+    changed."""
     stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns, hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()]
+    return [stat.st_size, stat.st_mtime_ns, photo_digest(path)]
 
 
 def same_photo(path: Path, stamp: Sequence[Any]) -> bool:
@@ -167,7 +172,7 @@ def same_photo(path: Path, stamp: Sequence[Any]) -> bool:
         return False
     if stat.st_mtime_ns == stamp[1]:
         return True
-    return len(stamp) > 2 and photo_stamp(path)[2] == stamp[2]
+    return len(stamp) > 2 and photo_digest(path) == stamp[2]
 
 
 def check_same_photos(found: ImageFeatures, image_dir: str, names: Sequence[str], where: str) -> None:
@@ -175,16 +180,17 @@ def check_same_photos(found: ImageFeatures, image_dir: str, names: Sequence[str]
     another image folder. Photos are named relative to their folder, so a moved (or renamed) folder is
     the same photos if every one ``found`` recorded is there, the same (:func:`same_photo`)."""
     folder = Path(image_dir)
-    if found.image_dir is not None and found.image_dir != image_dir:
-        elsewhere = [n for n, stamp in found.stamps.items() if not same_photo(folder / n, stamp)]
-        if elsewhere or not found.stamps:
-            raise ValueError(
-                f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
-                f"{len(elsewhere)} of its {len(found.stamps)} photos are not in {image_dir} with the same "
-                f"size and content (first: {elsewhere[:3]}); a moved folder is recognised, but "
-                "features of different image folders are never mixed: use another output file"
-            )
-    changed = [n for n in names if n in found.stamps and not same_photo(folder / n, found.stamps[n])]
+    moved = found.image_dir is not None and found.image_dir != image_dir
+    # a moved folder must hold every photo the file recorded; the same folder, those of ``names``
+    checked = found.stamps if moved else {n: found.stamps[n] for n in names if n in found.stamps}
+    changed = [n for n, stamp in checked.items() if not same_photo(folder / n, stamp)]  # each read once
+    if moved and (changed or not found.stamps):
+        raise ValueError(
+            f"{where}: features of the photos in {found.image_dir}, not {image_dir}; "
+            f"{len(changed)} of its {len(found.stamps)} photos are not in {image_dir} with the same "
+            f"size and content (first: {changed[:3]}); a moved folder is recognised, but "
+            "features of different image folders are never mixed: use another output file"
+        )
     if changed:
         raise ValueError(
             f"{where}: {len(changed)} photos changed (size, or modification time and content) since "
