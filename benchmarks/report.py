@@ -88,14 +88,21 @@ def _ms(case: Case) -> str:
 
 
 def write_markdown(
-    path: Path, groups: list[Group], machine: str, command: str, elapsed: float, met: list[dict[str, object]]
+    path: Path,
+    groups: list[Group],
+    machine: str,
+    command: str,
+    elapsed: float,
+    met: list[dict[str, object]],
+    progress: str = "",
 ) -> str:
+    """The tables; ``progress`` (e.g. "partial: 3 of 13 jobs") is said after the command."""
     peaks = measured_peaks(groups)
     lines = [
         f"# scratchformer benchmark ({datetime.date.today().isoformat()})",
         "",
         f"Machine: {machine}.  ",
-        f"Command: `{command}` ({elapsed / 60:.1f} min).  ",
+        f"Command: `{command}` ({elapsed / 60:.1f} min{'; ' + progress if progress else ''}).  ",
         (
             "Implementations interleaved round by round in one process after a warm-up; median time over the "
             "rounds (min-max in brackets). Ratios are throughput ratios to the reference in the same run "

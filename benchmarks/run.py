@@ -73,6 +73,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         print("gpt2 (decoder-only MFU) runs on CUDA only; skipped", file=sys.stderr)
         only.remove("gpt2")
     args.groups = [g for g in GROUPS if g in only]
+    if not args.groups:
+        parser.error("--only: no group left to run on this device")
     args.precisions = list(PRECISIONS) if args.precision == "both" else [args.precision]
     return args
 
@@ -101,6 +103,9 @@ def emulated_bf16(name: str, precision: str, device: torch.device) -> Group | No
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    """Run the groups; the reports are written again after every job (a builder at one precision),
+    so a run stopped part way keeps what it measured. A job that fails becomes a note in the
+    reports (its error), the others still run, and the exit status is 1."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -113,11 +118,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     machine = machine_description(args.device)
     print(machine)
     start = time.perf_counter()
+    jobs = [(name, p) for name in args.groups for p in ([""] if name in ONCE else args.precisions)]
     groups: list[Group] = []
-    for name in args.groups:
-        for precision in [""] if name in ONCE else args.precisions:
-            job = (name, size, str(args.device), precision, args.threads)
-            skipped = emulated_bf16(name, precision, args.device)
+    failed = 0
+    for done, (name, precision) in enumerate(jobs, 1):
+        job = (name, size, str(args.device), precision, args.threads)
+        skipped = emulated_bf16(name, precision, args.device)
+        try:
             if skipped:  # hours of emulated bf16 would measure nothing worth having: the row says so
                 groups.append(skipped)
             elif args.in_process:
@@ -125,16 +132,44 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
             else:  # a fresh process: no group inherits another's allocator state or warm caches
                 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as worker:
                     groups += worker.submit(run_builder, *job).result()
-    elapsed = time.perf_counter() - start
+        except Exception as error:  # noqa: BLE001 - one broken group must not cost the others' timings
+            failed += 1
+            note = f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            print(f"{name} {precision}: {note}", file=sys.stderr)
+            groups.append(Group(name, [], repeats=0, note=note, precision=precision))
+        progress = "" if done == len(jobs) else f"partial: {done} of {len(jobs)} jobs"
+        raw = write_reports(args, groups, machine, command, time.perf_counter() - start, progress)
+    print(raw.pop("markdown"))
+    print(f"wrote {args.out / stem_of(args)}.md, .json, .png in {raw['elapsed_s']:.0f} s")
+    if failed:
+        raise SystemExit(f"{failed} of {len(jobs)} jobs failed (their errors are notes in the reports)")
+    return raw
+
+
+def stem_of(args: argparse.Namespace) -> str:
+    return f"{args.size}-{args.device.type}" + ("" if args.precision == "both" else f"-{args.precision}")
+
+
+def write_reports(
+    args: argparse.Namespace,
+    groups: list[Group],
+    machine: str,
+    command: str,
+    elapsed: float,
+    progress: str = "",
+) -> dict[str, object]:
+    """Write ``<stem>.md``, ``.json`` and ``.png`` for the groups so far; returns the JSON's dict
+    (with the markdown under "markdown", not saved). ``progress``: "" once every job is done."""
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{args.size}-{args.device.type}" + ("" if args.precision == "both" else f"-{args.precision}")
+    stem = stem_of(args)
     met = targets(groups)
-    md = write_markdown(args.out / f"{stem}.md", groups, machine, command, elapsed, met)
+    md = write_markdown(args.out / f"{stem}.md", groups, machine, command, elapsed, met, progress)
     write_png(args.out / f"{stem}.png", groups, machine)
     raw = {
         "command": command,
         "machine": machine,
         "elapsed_s": elapsed,
+        "progress": progress,
         "pid_nice": os.nice(0),
         "platform": platform.platform(),
         "groups": [
@@ -161,9 +196,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         "targets": met,
     }
     (args.out / f"{stem}.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print(md)
-    print(f"wrote {args.out / stem}.md, .json, .png in {elapsed:.0f} s")
-    return raw
+    return {**raw, "markdown": md}
 
 
 if __name__ == "__main__":

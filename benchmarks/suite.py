@@ -33,7 +33,7 @@ FAST, SLOW = "torch.nn fast path", "torch.nn fast path off"
 OURS, OURS_SKIP = "scratchformer Encoder", "scratchformer Encoder, skip_padding"
 OURS_BERT, OURS_BERT_SKIP = "scratchformer ContextualEncoder", "scratchformer ContextualEncoder, skip_padding"
 BERT = "transformers BertModel"
-GROUPS = ("peak", "inference", "training", "seq2seq", "decoding", "precision", "compile", "gpt2")
+GROUPS = ("peak", "gpt2", "inference", "training", "seq2seq", "decoding", "precision", "compile")  # run order
 PRECISIONS = ("fp32", "bf16")
 ONCE = ("peak", "precision", "gpt2")  # groups that set their own precision (run once, not per precision)
 

@@ -137,3 +137,34 @@ def test_bf16_rows_are_a_note_where_bf16_would_be_emulated(monkeypatch) -> None:
         run.emulated_bf16("inference", "bf16", cpu) is None
         and run.emulated_bf16("precision", "", cpu) is None
     )
+
+
+def test_a_failed_group_is_a_note_and_the_others_are_kept(tmp_path: Path, monkeypatch) -> None:
+    """One builder raising costs its own rows only: the reports name its error, the other groups
+    keep their timings, and the run exits 1. Reports are written after each job (partial first)."""
+    progress: list[str] = []
+    write = run.write_reports
+
+    def recording(*args, **kwargs):
+        raw = write(*args, **kwargs)
+        progress.append(raw["progress"])
+        return raw
+
+    def broken(size, device, precision):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+
+    monkeypatch.setitem(run.BUILDERS, "training", broken)
+    monkeypatch.setattr(run, "write_reports", recording)
+    monkeypatch.setattr(run, "native_bf16", lambda device: False)
+    argv = ["--size", "smoke", "--only", "peak,training", "--precision", "fp32", "--repeats", "1"]
+    with pytest.raises(SystemExit, match="1 of 2 jobs failed"):
+        run.main([*argv, "--in-process", "--out", str(tmp_path)])
+    assert progress == ["partial: 1 of 2 jobs", ""]
+    saved = json.loads((tmp_path / "smoke-cpu-fp32.json").read_text())
+    peak, training = saved["groups"]
+    assert peak["name"] == "matmul peak" and all(c["times_s"] for c in peak["cases"])
+    assert training["cases"] == []
+    assert training["note"] == "failed: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert f"({training['note']})" in (tmp_path / "smoke-cpu-fp32.md").read_text()
+    with pytest.raises(SystemExit):  # nothing left to run is refused before any work
+        run.parse_args(["--only", "gpt2"])
