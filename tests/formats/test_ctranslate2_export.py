@@ -427,9 +427,10 @@ def test_the_marian_layout_loads_back_as_it_was(trained, share, tie, tmp_path: P
     translator = Translator(Transformer(config).eval(), tokenizer, DECODING, CPU)
     directory = translator.save_pretrained(tmp_path / "hf")
     written = json.loads((directory / "config.json").read_text())
-    assert written["vocab_size"] == vocab + 1 and written["decoder_vocab_size"] == vocab
+    assert written["vocab_size"] == written["decoder_vocab_size"] == vocab + 1
     assert written[LAYOUT_KEY] == {
         "appended_source_rows": 1,
+        "appended_target_rows": 1,
         "decoder_start_folded": True,
         "share_embeddings": share,
         "tie_output": tie,
@@ -440,3 +441,33 @@ def test_the_marian_layout_loads_back_as_it_was(trained, share, tie, tmp_path: P
     src, tgt = pad_ids(translator.encode_sources(TEXTS[:6]), CPU, 0), pad_ids([[1, 40, 41, 42]] * 6, CPU, 0)
     with torch.no_grad():
         assert float((translator.model(src, tgt) - back.model(src, tgt)).abs().max()) < 1e-5
+    assert back.model.config.tgt_vocab_size == vocab
+
+
+def test_an_export_of_0_11_without_the_target_row_still_loads(trained, tmp_path: Path) -> None:
+    """Exports of 0.11 and before appended the extra row to the source side only (no
+    "appended_target_rows"): they load as they did, with the same function."""
+    from scratchformer.formats.marian_layout import LAYOUT_KEY
+    from scratchformer.tasks.translation import load_translator
+
+    tokenizer = trained["post"].tokenizer
+    vocab = tokenizer.get_vocab_size()
+    sizes = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0)
+    torch.manual_seed(4)
+    model = Transformer(TransformerConfig(vocab, vocab, **sizes, tie_output=False)).eval()
+    translator = Translator(model, tokenizer, DECODING, CPU)
+    directory = translator.save_pretrained(tmp_path / "hf")
+    config = json.loads((directory / "config.json").read_text())
+    del config[LAYOUT_KEY]["appended_target_rows"]
+    config["decoder_vocab_size"] = vocab
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(directory / "model.safetensors"))
+    for name in ("model.decoder.embed_tokens.weight", "lm_head.weight"):
+        tensors[name] = tensors[name][:vocab].contiguous()
+    tensors["final_logits_bias"] = tensors["final_logits_bias"][:, :vocab].contiguous()
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    back = load_translator(directory, device="cpu")
+    assert (back.model.config.src_vocab_size, back.model.config.tgt_vocab_size) == (vocab, vocab)
+    src, tgt = pad_ids(translator.encode_sources(TEXTS[:6]), CPU, 0), pad_ids([[1, 40, 41, 42]] * 6, CPU, 0)
+    with torch.no_grad():
+        assert float((model(src, tgt) - back.model(src, tgt)).abs().max()) < 1e-5

@@ -306,9 +306,7 @@ def _marian_state(model: Transformer, special: dict[str, int]) -> tuple[dict[str
     # Every name of the embeddings: transformers ties encoder/decoder to model.shared only when the
     # output is tied too (tie_word_embeddings), so each is written out.
     embeddings, entries = ctranslate2_layout(state, c, special)
-    hf_state.update(embeddings)
-    bias = state.get("generator.bias", torch.zeros(c.tgt_vocab_size))
-    hf_state["final_logits_bias"] = bias.reshape(1, -1).clone()
+    hf_state.update(embeddings)  # final_logits_bias among them
     return hf_state, entries
 
 
