@@ -49,6 +49,11 @@ def _raising(error: BaseException):
         (TypeError("bad type"), EXIT_BAD_INPUT, "error: bad type"),
         (FileNotFoundError("no such file: x"), EXIT_BAD_INPUT, "error: no such file: x"),
         (SystemExit("error: give --config"), EXIT_BAD_INPUT, "error: give --config"),
+        (  # an optional package missing is the machine's set-up, not a bug: what to install
+            ImportError("captioning metrics need pycocoevalcap: pip install 'scratchformer[captioning]'"),
+            EXIT_BAD_INPUT,
+            "error: captioning metrics need pycocoevalcap: pip install 'scratchformer[captioning]'",
+        ),
         (
             ZeroDivisionError("oops"),
             EXIT_BUG,

@@ -47,7 +47,7 @@ _COMMANDS = [
 # The exit codes of every command (docs/reference/cli.md shows this table).
 EXIT_OK = 0  # done
 EXIT_BUG = 1  # an unexpected exception: a bug in scratchformer (--debug shows the traceback)
-EXIT_BAD_INPUT = 2  # bad input or usage: a bad flag, file, recipe or checkpoint, named on one line
+EXIT_BAD_INPUT = 2  # bad input or usage: a bad flag, file, recipe, checkpoint or missing package, on one line
 EXIT_INTERRUPTED = 130  # interrupted (Ctrl-C: KeyboardInterrupt), as a shell reports SIGINT
 
 
@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``train`` command in N processes (the trainer joins them; see docs/guides/distributed.md).
 
     Exit codes: 0 done; 2 bad input or usage (one line on stderr naming the problem: argparse's
-    usage errors, and a ValueError, TypeError or OSError of the command); 130 interrupted (one
+    usage errors, and a ValueError, TypeError or OSError of the command, or an ImportError: a
+    package the command needs is not installed, named with what to install); 130 interrupted (one
     line, "interrupted"); 1 an unexpected exception, a bug (one line, "--debug for the
     traceback"). ``--debug`` (or SCRATCHFORMER_DEBUG=1) shows the traceback instead of the line.
     """
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-        if isinstance(e, (ValueError, TypeError, OSError)):
+        if isinstance(e, (ValueError, TypeError, OSError, ImportError)):
             print(f"error: {message}", file=sys.stderr)
             return EXIT_BAD_INPUT
         print(f"error: {message} ({type(e).__name__}: a bug; --debug for the traceback)", file=sys.stderr)
