@@ -50,6 +50,7 @@ TRAIN = {
     "seed": 1,
     "precision": "fp64",
     "threads": 0,
+    "device": "cpu",  # what was recorded (on a machine with CUDA, "auto" would be the GPU)
 }
 
 

@@ -59,6 +59,7 @@ def main(out: Path) -> None:
         eval_every=8,
         progress=False,
         seed=7,
+        device="cpu",  # the task keeps its tensors on the CPU
         overwrite=not resume,
     )
     Trainer(model, SlowToyTask(), config).fit(resume=resume)
