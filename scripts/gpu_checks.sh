@@ -6,7 +6,7 @@
 #   3. the test suite on a machine where CUDA is available (the tests that take another branch
 #      there; packages missing on that machine show up as collection errors, listed, not fatal).
 #
-#   bash scripts/gpu_checks.sh OUT_DIR          # needs a CUDA GPU; about 9 minutes on an H200
+#   bash scripts/gpu_checks.sh OUT_DIR          # needs a CUDA GPU; 7 minutes on an H200
 #
 # Limits in seconds (defaults): BENCH_S=330 RESUME_S=90 TESTS_S=150. The checkout need not be
 # installed: src/ goes on PYTHONPATH, so a machine with torch, tokenizers, safetensors, sacrebleu,
