@@ -412,20 +412,38 @@ def test_the_parity_script_reports(trained) -> None:
     assert report["bleu"]["ours_greedy"] == report["bleu"]["ct2_float32_greedy"] > 10
 
 
+def _small_export(trained, directory: Path, seed: int, **options) -> tuple[Translator, Path, int]:
+    """(a small random translator on the trained tokenizer, its Marian export in ``directory``, V)."""
+    tokenizer = trained["post"].tokenizer
+    vocab = tokenizer.get_vocab_size()
+    sizes = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0)
+    torch.manual_seed(seed)
+    model = Transformer(TransformerConfig(vocab, vocab, **sizes, **options)).eval()
+    translator = Translator(model, tokenizer, DECODING, CPU)
+    return translator, translator.save_pretrained(directory), vocab
+
+
+def _loads_back_the_same(translator: Translator, directory: Path, vocab: int) -> Translator:
+    """The export loaded by load_translator: V source and target ids, the same logits (1e-5)."""
+    from scratchformer.tasks.translation import load_translator
+
+    back = load_translator(directory, device="cpu")
+    assert (back.model.config.src_vocab_size, back.model.config.tgt_vocab_size) == (vocab, vocab)
+    src, tgt = pad_ids(translator.encode_sources(TEXTS[:6]), CPU, 0), pad_ids([[1, 40, 41, 42]] * 6, CPU, 0)
+    with torch.no_grad():
+        assert float((translator.model(src, tgt) - back.model(src, tgt)).abs().max()) < 1e-5
+    return back
+
+
 @pytest.mark.parametrize("share, tie", [(True, True), (True, False), (False, True), (False, False)])
 def test_the_marian_layout_loads_back_as_it_was(trained, share, tie, tmp_path: Path) -> None:
     """The export's extra source row and its folded start token are undone on loading: the same
     sharing, sizes and function (marian_layout.undo_ctranslate2_layout)."""
     from scratchformer.formats.marian_layout import LAYOUT_KEY
-    from scratchformer.tasks.translation import load_translator
 
-    tokenizer = trained["post"].tokenizer
-    vocab = tokenizer.get_vocab_size()
-    sizes = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0)
-    config = TransformerConfig(vocab, vocab, **sizes, share_embeddings=share, tie_output=tie)
-    torch.manual_seed(2)
-    translator = Translator(Transformer(config).eval(), tokenizer, DECODING, CPU)
-    directory = translator.save_pretrained(tmp_path / "hf")
+    translator, directory, vocab = _small_export(
+        trained, tmp_path / "hf", 2, share_embeddings=share, tie_output=tie
+    )
     written = json.loads((directory / "config.json").read_text())
     assert written["vocab_size"] == written["decoder_vocab_size"] == vocab + 1
     assert written[LAYOUT_KEY] == {
@@ -435,28 +453,16 @@ def test_the_marian_layout_loads_back_as_it_was(trained, share, tie, tmp_path: P
         "share_embeddings": share,
         "tie_output": tie,
     }
-    back = load_translator(directory, device="cpu")
+    back = _loads_back_the_same(translator, directory, vocab)
     assert (back.model.config.share_embeddings, back.model.config.tie_output) == (share, tie)
-    assert back.model.config.src_vocab_size == vocab
-    src, tgt = pad_ids(translator.encode_sources(TEXTS[:6]), CPU, 0), pad_ids([[1, 40, 41, 42]] * 6, CPU, 0)
-    with torch.no_grad():
-        assert float((translator.model(src, tgt) - back.model(src, tgt)).abs().max()) < 1e-5
-    assert back.model.config.tgt_vocab_size == vocab
 
 
 def test_an_export_of_0_11_without_the_target_row_still_loads(trained, tmp_path: Path) -> None:
     """Exports of 0.11 and before appended the extra row to the source side only (no
     "appended_target_rows"): they load as they did, with the same function."""
     from scratchformer.formats.marian_layout import LAYOUT_KEY
-    from scratchformer.tasks.translation import load_translator
 
-    tokenizer = trained["post"].tokenizer
-    vocab = tokenizer.get_vocab_size()
-    sizes = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0)
-    torch.manual_seed(4)
-    model = Transformer(TransformerConfig(vocab, vocab, **sizes, tie_output=False)).eval()
-    translator = Translator(model, tokenizer, DECODING, CPU)
-    directory = translator.save_pretrained(tmp_path / "hf")
+    translator, directory, vocab = _small_export(trained, tmp_path / "hf", 4, tie_output=False)
     config = json.loads((directory / "config.json").read_text())
     del config[LAYOUT_KEY]["appended_target_rows"]
     config["decoder_vocab_size"] = vocab
@@ -466,8 +472,4 @@ def test_an_export_of_0_11_without_the_target_row_still_loads(trained, tmp_path:
         tensors[name] = tensors[name][:vocab].contiguous()
     tensors["final_logits_bias"] = tensors["final_logits_bias"][:, :vocab].contiguous()
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    back = load_translator(directory, device="cpu")
-    assert (back.model.config.src_vocab_size, back.model.config.tgt_vocab_size) == (vocab, vocab)
-    src, tgt = pad_ids(translator.encode_sources(TEXTS[:6]), CPU, 0), pad_ids([[1, 40, 41, 42]] * 6, CPU, 0)
-    with torch.no_grad():
-        assert float((model(src, tgt) - back.model(src, tgt)).abs().max()) < 1e-5
+    _loads_back_the_same(translator, directory, vocab)
