@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+from multiprocessing.connection import wait
 from pathlib import Path
 
 # What the commands import once their arguments are checked (the CLI's lazy imports).
@@ -35,6 +37,11 @@ PRELOAD = [
 ]
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(PRELOAD)
+# Process.start() polls every other live child (multiprocessing.process._cleanup), and a child's
+# exit status can be read from its pipe once: a thread that starts a process while another reads
+# its own child's status can take that status, and the other then reads EOF and reports 255.
+# Starting and reading under one lock (waiting outside it) keeps run_cli safe to call from threads.
+_START_OR_POLL = threading.Lock()
 
 
 def _child(
@@ -104,15 +111,19 @@ def run_cli(
                 *(str(files[name]) for name in ("stdin", "stdout", "stderr")),
             ),
         )
-        process.start()
-        process.join(timeout)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
+        with _START_OR_POLL:
+            process.start()
+        wait([process.sentinel], timeout)
+        with _START_OR_POLL:
+            code = process.exitcode
+            if code is None:
+                process.kill()
+                process.join()
+        if code is None:
             raise subprocess.TimeoutExpired(["scratchformer", *argv], timeout)
         return subprocess.CompletedProcess(
             ["scratchformer", *argv],
-            process.exitcode,
+            code,
             files["stdout"].read_text(encoding="utf-8", errors="replace"),
             files["stderr"].read_text(encoding="utf-8", errors="replace"),
         )
