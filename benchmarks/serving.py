@@ -12,6 +12,7 @@ tokens), each in a fresh process with the same thread count: batch 32 (sources s
 in the same run. "lines = ours fp32" counts the lines identical to ours in fp32 up to ties: equal
 texts, or texts our fp32 model scores within 1e-4 of each other (length-normalised log-probability,
 the beam's ranking score: tasks/translation/ties.py); how many of them are ties is a column of its own.
+"batch 1 = batch 32" counts the batch-1 lines translated exactly as in their batch of 32.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Row:
     bleu: float = 0.0
     identical_to_ours: float = 0.0  # the share of lines equal to ours in fp32 (batch 32), up to ties
     tied_with_ours: int = 0  # of them, lines that differ but score within 1e-4 by our fp32 model
+    batch1_same: float = 0.0  # the share of the batch-1 lines translated exactly as in their batch of 32
     notes: list[str] = field(default_factory=list)
 
 
@@ -83,10 +85,10 @@ def measure(name: str, translate: Translate, texts: Sequence[str], args: argpars
     translate([texts[i] for i in chunks[len(chunks) // 2]])  # warm-up
     outputs, seconds = run_batched(translate, texts, chunks)
     tokens = sum(tools.target_length(o) for o in outputs)
-    latencies = []
+    latencies, alone = [], []
     for text in texts[: args.batch1]:
         start = time.perf_counter()
-        translate([text])
+        alone += translate([text])
         latencies.append(time.perf_counter() - start)
     p95 = statistics.quantiles(latencies, n=20)[-1] if len(latencies) > 1 else latencies[0]
     row = Row(
@@ -97,6 +99,7 @@ def measure(name: str, translate: Translate, texts: Sequence[str], args: argpars
         batch1_p50_ms=1e3 * statistics.median(latencies),
         batch1_p95_ms=1e3 * p95,
         bleu=bleu_and_chrf(outputs, tools.references)["bleu"],
+        batch1_same=sum(a == b for a, b in zip(alone, outputs)) / len(alone),
     )
     row.notes.append(f"outputs: {json.dumps(outputs[:2], ensure_ascii=False)}")
     tools.outputs[name] = outputs
@@ -358,8 +361,9 @@ def write_markdown(path: Path, rows: list[Row], settings: dict[str, Any], classi
         f"Settings: {json.dumps(settings)}. Ratios: ours in fp32 over the system (above 1: ours is faster).",
         "",
         "| system | batch 32 sent/s | tokens/s | ours fp32 / it | batch 1 sent/s | p50 ms | p95 ms"
-        " | ours fp32 / it (batch 1) | BLEU | lines = ours fp32 (up to ties) | of them tied |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | ours fp32 / it (batch 1) | BLEU | lines = ours fp32 (up to ties) | of them tied"
+        " | batch 1 = batch 32 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -367,10 +371,11 @@ def write_markdown(path: Path, rows: list[Row], settings: dict[str, Any], classi
             f"| {base.batch32_sentences_s / r.batch32_sentences_s:.2f}x | {r.batch1_sentences_s:.1f} "
             f"| {r.batch1_p50_ms:.1f} | {r.batch1_p95_ms:.1f} "
             f"| {base.batch1_sentences_s / r.batch1_sentences_s:.2f}x "
-            f"| {r.bleu:.2f} | {100 * r.identical_to_ours:.1f}% | {r.tied_with_ours} |"
+            f"| {r.bleu:.2f} | {100 * r.identical_to_ours:.1f}% | {r.tied_with_ours} "
+            f"| {100 * r.batch1_same:.1f}% |"
         )
     lines += [
-        f"| {system} | not run: {why} |" + " |" * 9 for system, why in settings.get("not_run", {}).items()
+        f"| {system} | not run: {why} |" + " |" * 10 for system, why in settings.get("not_run", {}).items()
     ]
     if classifier:
         lines += [

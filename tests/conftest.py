@@ -3,15 +3,31 @@ checks scripts/ and benchmarks/; the tests here check the repository as a whole 
 docs). This file's folder is on sys.path (pytest puts a conftest.py's folder there), so every test
 imports the shared ``helpers`` module."""
 
+import atexit
 import os
 import subprocess
 import sys
+import tempfile
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+
+# The machine switch and record (tests/_site/machine_switch.py): in this process, and through
+# tests/_site/sitecustomize.py in every Python process the tests start. Each process of the suite
+# (each xdist worker) keeps its own record of the package asking the machine whether it has native
+# bf16; a test that asked without the `machine` marker fails (pytest_runtest_call below).
+sys.path.insert(0, str(TESTS / "_site"))
+import machine_switch  # noqa: E402
+
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS / "_site"), os.environ.get("PYTHONPATH")]))
+_record_fd, MACHINE_LOG = tempfile.mkstemp(prefix="scratchformer-machine-", suffix=".log")
+os.close(_record_fd)
+atexit.register(lambda: Path(MACHINE_LOG).unlink(missing_ok=True))
+os.environ[machine_switch.LOG] = MACHINE_LOG
+machine_switch.install()
 
 # Under pytest-xdist (pyproject.toml: -n auto, one worker per core) each worker computes with one
 # thread: two workers of two threads on two cores spin-wait for each other's cores (OpenMP), and the
@@ -33,10 +49,13 @@ SHARED_WORKER = {
     "tests/scripts/test_fast_beam_parity.py": "tiny_translation",
     "tests/scripts/test_translation_ensemble.py": "tiny_translation",
 }
-# The tests whose results depend on the CPU's kernels (their order of adding, their rounding): the
-# golden runs and every parity test against another engine or library. .ci/run runs them a second
-# time under other kernels (`-m kernels`: AVX2 code on an AVX-512 machine, plain C on an AVX2 one),
-# so a developer on either machine kind sees what the other would see.
+# The tests whose outcome depends on the machine are marked `machine`: .ci/run runs them a second
+# time as the other machine kind (`-m machine`): under its kernels (AVX2 code on an AVX-512 machine,
+# plain C on an AVX2 one) and with its precision choices (`--native-bf16`: "auto" resolving as it
+# would there), so a developer on either kind sees what the other would see. The marker is given
+# by file to the tests whose results depend on the CPU's kernels (their order of adding, their
+# rounding): the golden runs and every parity test against another engine or library; by hand to
+# the others (`@pytest.mark.machine`: precision choices, thread counts).
 KERNEL_SENSITIVE = (
     "tasks/test_golden_runs.py",
     "core/test_*parity*.py",
@@ -52,8 +71,55 @@ KERNEL_SENSITIVE = (
 )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--native-bf16",
+        choices=("yes", "no"),
+        default=None,
+        help="what the package hears when it asks whether this CPU computes bf16 natively "
+        "(default: the machine's answer); .ci/run's second pass gives the other kind's",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "kernels: depends on the CPU's kernels; CI runs it twice (.ci/run)")
+    config.addinivalue_line(
+        "markers",
+        "machine: the outcome depends on the machine (its kernels, its precision choice, its thread "
+        "count); CI runs it twice, the second time as the other machine kind (.ci/run)",
+    )
+    native = config.getoption("--native-bf16")
+    if native:  # before any test (and any process a test starts) imports the package
+        os.environ[machine_switch.FORCE] = native
+        machine_switch.install()
+
+
+def machine_asked() -> int:
+    """How often the package has asked this machine whether it computes bf16 natively (this
+    process and the processes it started, as recorded so far)."""
+    return Path(os.environ[machine_switch.LOG]).stat().st_size
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    item.stash[_ASKED_BEFORE] = machine_asked()  # the test's fixtures count as the test
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield
+    if machine_asked() > item.stash[_ASKED_BEFORE] and item.get_closest_marker("machine") is None:
+        pytest.fail(
+            "this test asked whether the machine computes bf16 natively (precision 'auto', or an "
+            "explicit bf16's warning), so its outcome depends on the machine: mark it "
+            "@pytest.mark.machine (CI's second pass then plays the other kind), or ask for a "
+            "precision that is the same everywhere ('fp32')",
+            pytrace=False,
+        )
+    return result
+
+
+_ASKED_BEFORE = pytest.StashKey[int]()
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +156,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         where = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
         if any(fnmatch(where, pattern) for pattern in KERNEL_SENSITIVE):
-            item.add_marker(pytest.mark.kernels)
+            item.add_marker(pytest.mark.machine)
 
 
 @pytest.fixture(scope="session")

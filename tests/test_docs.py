@@ -237,6 +237,7 @@ def _toy_recipe(path: Path) -> None:
     recipe.update(valid_size=8, vocab_size=120, max_length=32, head_length=8, batch_size=8, average_last=2)
     recipe["model"].update(d_model=16, num_heads=2, num_layers=1, d_ff=32)
     recipe["train"].update(epochs=1, eval_every=2, log_every=1)
+    recipe["train"]["precision"] = "fp32"  # the same run on every CPU (auto: bf16 where it is native)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(recipe))
 

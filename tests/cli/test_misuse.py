@@ -8,6 +8,7 @@ any work starts; never a silent wrong answer, a NaN, a traceback from deep insid
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -264,6 +265,36 @@ def test_a_config_with_more_layers_than_the_weights_is_refused_before_allocation
         ValueError, match=r"config.json does not fit model.safetensors: missing \['encoder.encoder.layers.1"
     ):
         load_classifier(checkpoint, device="cpu")
+
+
+@pytest.fixture
+def hf_classifier(tmp_path: Path) -> Path:
+    """A random ``BertForSequenceClassification`` (D=16, one layer), saved as transformers saves it,
+    with a WordPiece tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "clf")
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *map(str, range(36))]))
+    transformers.BertTokenizerFast(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path / "clf")
+    return tmp_path / "clf"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [  # 12 TB of d_model 10^6 ended as "a bug" (a failed allocation); 10^5 layers took minutes to build
+        ("hidden_size", 10**6, r"model.safetensors does not fit the model from config.json; mis-shaped: "),
+        ("num_hidden_layers", 10**5, r"config.json: num_layers must be at most 1,000 \(a layer count\)"),
+        ("num_hidden_layers", 900, r"does not fit the model from config.json; missing: \[.*\.\.\. \d+ more"),
+    ],
+)
+def test_an_edited_hugging_face_config_is_refused_in_one_line_before_allocation(
+    hf_classifier: Path, field: str, value: int, message: str, capsys
+) -> None:
+    _edit_config(hf_classifier, lambda c: c.update({field: value}))
+    code, err = cli(["classify", "--checkpoint", str(hf_classifier), "a text"], capsys)
+    assert code == 2 and re.search(message, err) and err.count("\n") == 1, err
 
 
 def test_a_broken_tokenizer_file_is_named(checkpoint: Path) -> None:

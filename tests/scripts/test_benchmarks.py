@@ -8,16 +8,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from machine_switch import machine_has_native_bf16
 
 from benchmarks import run
 from benchmarks.harness import Case, Group, run_group
 from benchmarks.suite import padded_lengths
 
 
-def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.machine)])
+def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path, native: bool, monkeypatch) -> None:
     """Every row in both precisions; where this CPU would emulate bf16 (AVX2 only), the bf16 groups
-    are a note instead (test_bf16_rows_are_a_note_where_bf16_would_be_emulated), the rest the same."""
-    native = run.native_bf16(torch.device("cpu"))
+    are a note instead (test_bf16_rows_are_a_note_where_bf16_would_be_emulated), the rest the same.
+    Both cases on every machine: bf16 rows run only where this CPU has native bf16 (else minutes)."""
+    if native and not machine_has_native_bf16():
+        pytest.skip("bf16 rows: this CPU has no native bf16 (emulated, they would take minutes)")
+    monkeypatch.setattr(run, "native_bf16", lambda device: native)
     groups = "peak,inference,training,seq2seq,decoding,precision"
     raw = run.main(
         ["--size", "smoke", "--only", groups, "--repeats", "2", "--in-process", "--out", str(tmp_path)]
@@ -64,9 +69,10 @@ def test_smoke_run_writes_table_chart_and_raw_timings(tmp_path: Path) -> None:
     assert {t["target"].split(": ")[0].rsplit(", ", 1)[-1] for t in targets} == precisions
 
 
+@pytest.mark.machine
 def test_one_precision_and_the_compile_time(tmp_path: Path) -> None:
     # bf16 where this CPU computes it, else fp32 (emulated bf16 would take minutes here)
-    p, other = ("bf16", "fp32") if run.native_bf16(torch.device("cpu")) else ("fp32", "bf16")
+    p, other = ("bf16", "fp32") if machine_has_native_bf16() else ("fp32", "bf16")
     run.main(
         ["--size", "smoke", "--only", "compile", "--precision", p, "--repeats", "1", "--out", str(tmp_path)]
     )

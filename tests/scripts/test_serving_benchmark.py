@@ -105,10 +105,11 @@ def test_serving_benchmark_at_toy_scale(tmp_path: Path, monkeypatch) -> None:
         and rows["scratchformer fp32"]["tied_with_ours"] == 0
     )
     assert rows["scratchformer fp32, reference beam"]["identical_to_ours"] == 1.0  # fast = reference
+    assert rows["scratchformer fp32"]["batch1_same"] == 1.0  # fp32: alone as in a batch of 32
     assert result["settings"]["ties_within"] == 1e-4
     assert [c["shape"] for c in result["classifier"]] == ["B32xT256", "B1xT64"]
     table = (out / "serving-cpu.md").read_text()
     assert "Machine: " in table and "| CTranslate2 int8 |" in table and "ONNX Runtime" in table
-    assert "lines = ours fp32 (up to ties) | of them tied |" in table
+    assert "lines = ours fp32 (up to ties) | of them tied | batch 1 = batch 32 |" in table
     assert native or "| scratchformer bf16 | not run: this CPU has no AMX or AVX512_BF16" in table
     shutil.rmtree(out)

@@ -60,6 +60,7 @@ def test_status_routes_and_the_model_list(client) -> None:
     assert client.get("/docs").status_code == 200 and "<html" in client.get("/").text.lower()
 
 
+@pytest.mark.machine  # the same answers whatever the machine's precision choice
 def test_translations_hold_the_command_lines_json_fields(client, capsys) -> None:
     answers = client.post(
         "/v1/translate", json={"inputs": SOURCES[:2], "parameters": {"num_beams": 3}}

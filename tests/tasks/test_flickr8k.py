@@ -682,6 +682,7 @@ def test_photo_recipe_scst_and_the_cli_end_to_end(tmp_path: Path, capsys) -> Non
         )
 
 
+@pytest.mark.machine  # the same answers whatever the machine's precision choice
 def test_caption_and_evaluate_take_an_ensemble_of_checkpoints(tmp_path: Path, capsys) -> None:
     """``--checkpoint A --checkpoint B``: one checkpoint twice is that checkpoint (captions, scores
     and log-probabilities), two are their ensemble; what cannot ensemble is refused by name."""

@@ -175,6 +175,7 @@ def test_fp16_needs_cuda_and_config_is_validated(tmp_path: Path) -> None:
         TrainConfig(schedule="exponential")
 
 
+@pytest.mark.machine  # an explicit bf16 is warned about where it is emulated
 def test_bf16_autocast_training_runs_on_cpu(tmp_path: Path) -> None:
     result = Trainer(toy_model(), ToyTask(), toy_config(tmp_path, precision="bf16", epochs=5)).fit()
     assert all(math.isfinite(x) for x in result.losses) and result.losses[-1] < result.losses[0]
@@ -237,6 +238,7 @@ def test_an_overflowed_fp16_step_is_detected_as_skipped() -> None:
     assert optimizer_step(plain, optimizer) is False
 
 
+@pytest.mark.machine  # an explicit bf16 is warned about where it is emulated
 def test_a_bf16_state_resumes_under_another_precision_and_loads_on_cpu(tmp_path: Path) -> None:
     Trainer(toy_model(), ToyTask(), toy_config(tmp_path, epochs=1, precision="bf16")).fit()
     state = load_training_state(tmp_path / "last")  # CPU memory by default

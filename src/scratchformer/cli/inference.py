@@ -56,7 +56,7 @@ def add_translate(sub: argparse._SubParsersAction) -> None:
     add_precision_option(
         translate,
         ("fp32", "bf16", "int8"),
-        " (bf16 weights), int8 (linear layers, dynamic quantization, CPU)",
+        " (bf16: bf16 weights; int8: linear layers, dynamic quantization, CPU)",
     )
     _add_errors_option(translate)
     translate.add_argument("text", nargs="?", help="one sentence (default: lines of stdin)")

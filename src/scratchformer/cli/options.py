@@ -150,14 +150,15 @@ _GENERATION_FLAGS = {
 
 
 def add_precision_option(parser: argparse.ArgumentParser, choices: tuple[str, ...], more: str = "") -> None:
-    """``--precision``, by default "auto": bf16 where the device computes it natively (AMX or
-    AVX512_BF16 on a CPU, a CUDA GPU with bf16), fp32 elsewhere."""
+    """``--precision``, by default "fp32": the same answers on every CPU and for any batch, as
+    Hugging Face pipelines and CTranslate2's ``compute_type="default"`` give. bf16, int8 and "auto"
+    (bf16 where the device computes it natively) are faster and close, not equal: opt-in."""
     parser.add_argument(
         "--precision",
-        choices=["auto", *choices],
-        default="auto",
-        help="auto (default: bf16 where the device computes it natively, AMX or AVX512_BF16 on a CPU, "
-        f"else fp32), {', '.join(choices)}{more}",
+        choices=[*choices, "auto"],
+        default="fp32",
+        help=f"{choices[0]} (default: the same answers on every CPU), {', '.join(choices[1:])}{more}, "
+        "auto (bf16 where the device computes it natively, AMX or AVX512_BF16 on a CPU, else fp32)",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from scratchformer.cli.options import positive
+from scratchformer.cli.options import check_device, positive
 
 __all__ = ["add_serve"]
 
@@ -57,7 +57,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="one of the limits (repeat): max_batch_size, max_batch_tokens, max_wait_ms, max_queue, "
         "max_concurrency, max_body_bytes, max_items, max_input_tokens, max_new_tokens, max_image_pixels, "
-        "timeout_s",
+        "timeout_s, max_head_bytes, head_timeout_s, body_timeout_s",
     )
     serve.set_defaults(func=_serve)
 
@@ -78,10 +78,11 @@ def _serve(args: argparse.Namespace) -> int:
         data["cors_origins"] = args.cors_origin
     data["limits"] = _limits(data.get("limits"), args.limit)
     config = ServeConfig(**data)
+    check_device(config.device)  # the config file's too
 
     from scratchformer.serve.server import run_server
 
-    return run_server(config)
+    return run_server(config, debug=args.debug)
 
 
 def _limits(base, given: list[str]):
@@ -95,8 +96,17 @@ def _limits(base, given: list[str]):
         name, sep, value = text.partition("=")
         if not sep or name not in fields:
             raise ValueError(f"--limit {text!r}: expected NAME=VALUE with NAME one of {sorted(fields)}")
-        try:
-            values[name] = float(value) if "." in value or name.endswith(("_s", "_ms")) else int(value)
-        except ValueError:
-            raise ValueError(f"--limit {text!r}: {value!r} is not a number") from None
+        values[name] = _number(value, text)
     return Limits(**values)
+
+
+def _number(value: str, text: str) -> int | float:
+    """``value`` as an integer if it is one, else as a float (Limits says which each limit takes)."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"--limit {text!r}: {value!r} is not a number") from None

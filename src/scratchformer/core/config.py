@@ -24,6 +24,9 @@ from scratchformer.core.layer_norm import LayerNorm
 __all__ = ["ModelConfig"]
 
 C = TypeVar("C", bound="ModelConfig")
+# The most layers a stack may have: the deepest Transformer trained, DeepNet (Wang et al., 2022),
+# has 1,000 in all. A config.json edited to 10^5 layers is refused here, not built for minutes.
+MAX_LAYERS = 1000
 
 
 @dataclass
@@ -61,6 +64,8 @@ class ModelConfig:
                 raise ValueError(
                     f"{name} must be {'>= 0' if least == 0 else 'positive'} (an integer), got {value!r}"
                 )
+            if name.endswith("layers") and value > MAX_LAYERS:
+                raise ValueError(f"{name} must be at most {MAX_LAYERS:,} (a layer count), got {value:,}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if self.d_model % self.num_heads:

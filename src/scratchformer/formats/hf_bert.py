@@ -266,9 +266,11 @@ def bert_encoder_from(
     names the weights file in errors. A pooler is built when the checkpoint has its weights."""
     model_type = _supported_model_type(hf_config)  # before mapping: the error names the type, not tensors
     state, unexpected = map_bert_weights(hf_state, model_type, _position_offset(hf_config))
-    model = ContextualEncoder(bert_config(hf_config, pooler="pooler.weight" in state))
-    fit_state(model, state, unexpected, source)
-    return model.eval()
+    try:
+        config = bert_config(hf_config, pooler="pooler.weight" in state)
+    except ValueError as e:  # a size our model refuses (e.g. 10^5 layers): name the file
+        raise CheckpointError(f"{source.parent / 'config.json'}: {e}") from None
+    return fit_state(lambda: ContextualEncoder(config), state, unexpected, source).eval()
 
 
 def bert_problems(c: EncoderConfig) -> list[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -101,10 +102,15 @@ def read_weights(directory: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return config, load_file(str(weights))
 
 
-def fit_state(model: nn.Module, state: dict[str, Tensor], unexpected: list[str], source: Path) -> None:
-    """Load ``state`` (our names) into ``model`` as float32, or raise one error listing every missing,
-    unexpected (``unexpected``: source names no rule mapped) and mis-shaped tensor."""
-    expected = model.state_dict()
+def fit_state(
+    build: Callable[[], nn.Module], state: dict[str, Tensor], unexpected: list[str], source: Path
+) -> nn.Module:
+    """``build()`` the model config.json describes and load ``state`` (our names) into it as float32,
+    or raise one error listing every missing, unexpected (``unexpected``: source names no rule
+    mapped) and mis-shaped tensor. The model is first built on the meta device (no memory): a
+    config.json edited to a huge model (``d_model`` 10^6) is refused before anything is allocated."""
+    with torch.device("meta"):
+        expected = build().state_dict()
     missing = sorted(set(expected) - set(state))
     misshaped = [
         f"{k}: checkpoint {tuple(v.shape)}, model {tuple(expected[k].shape)}"
@@ -113,11 +119,19 @@ def fit_state(model: nn.Module, state: dict[str, Tensor], unexpected: list[str],
     ]
     unexpected = unexpected + sorted(k for k in state if k not in expected)
     if missing or unexpected or misshaped:
-        problems = [f"missing: {missing}"] if missing else []
-        problems += [f"unexpected: {unexpected}"] if unexpected else []
-        problems += [f"mis-shaped: {misshaped}"] if misshaped else []
+        problems = [f"missing: {_first(missing)}"] if missing else []
+        problems += [f"unexpected: {_first(unexpected)}"] if unexpected else []
+        problems += [f"mis-shaped: {_first(misshaped)}"] if misshaped else []
         raise CheckpointError(f"{source} does not fit the model from config.json; " + "; ".join(problems))
+    model = build()
     model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model
+
+
+def _first(items: list[str], n: int = 5) -> str:
+    """The first ``n`` of ``items``, and how many more (an error stays one readable line)."""
+    more = f", ... {len(items) - n} more" if len(items) > n else ""
+    return "[" + ", ".join(map(repr, items[:n])) + more + "]"
 
 
 def check_new_directory(directory: str | Path) -> Path:

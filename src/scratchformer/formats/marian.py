@@ -200,8 +200,7 @@ def load_marian(directory: str | Path) -> tuple[Transformer, dict[str, int], dic
     config, special = marian_config(hf_config)
     config = _sharing_as_saved(config, hf_state)
     state, unexpected = map_marian_weights(hf_state, config)
-    model = Transformer(config)
-    fit_state(model, state, unexpected, directory / "model.safetensors")
+    model = fit_state(lambda: Transformer(config), state, unexpected, directory / "model.safetensors")
     return model.eval(), special, _decoding(directory, hf_config, config)
 
 

@@ -1,7 +1,8 @@
 """The HTTP API (FastAPI): requests in TGI/TEI's shape, ``{"inputs": "text" | ["text", ...],
 "parameters": {...}}``, answered by a list with one object per input holding the command line's JSON
-Lines fields. The event loop only checks, queues and waits; models run in their micro-batchers'
-threads (:mod:`~scratchformer.serve.batcher`).
+Lines fields. The event loop only routes, queues and waits: bodies are parsed, inputs tokenized and
+images identified in worker threads, answers rendered there too, and models run in their
+micro-batchers' threads (:mod:`~scratchformer.serve.batcher`).
 
     POST /v1/translate /v1/classify /v1/embed    {"inputs", "parameters", "model", "stream"}
     POST /v1/caption                             multipart: images, parameters (JSON), model, stream
@@ -14,24 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
-from scratchformer.serve.batcher import Job, Overloaded
+from scratchformer.serve.batcher import Job
 from scratchformer.serve.config import ServeConfig
-from scratchformer.serve.guards import BodyLimit, KeyRefused, error_response, one_line, require_key, sse
+from scratchformer.serve.guards import BodyLimit, CheckedRoute, RequireKey, add_error_handlers, sse
 from scratchformer.serve.images import check_images
 from scratchformer.serve.metrics import MeasureRequests
-from scratchformer.serve.models import RequestError, ServedModel
+from scratchformer.serve.models import Options, ServedModel
+from scratchformer.serve.parameters import RequestError, check_text
 from scratchformer.serve.state import ServerState
 
 __all__ = ["create_app"]
@@ -73,6 +76,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         401: "no or a wrong API key (with --api-key)",
         404: "no model of that name, or none that answers this route",
         413: "the body or an image over its limit (max_body_bytes, max_image_pixels)",
+        415: "a body that is not the route's content type (JSON; multipart/form-data for uploads)",
         422: "an input or parameter that is wrong, or over its limit (max_items, max_input_tokens, ...)",
         429: "the queue or the requests in flight are full (Retry-After says when to come back)",
         503: "models not loaded yet (GET /ready)",
@@ -103,8 +107,10 @@ def create_app(config: ServeConfig, models: list[ServedModel] | None = None) -> 
         await asyncio.to_thread(state.stop)
 
     app = FastAPI(title="scratchformer", version=_version(), lifespan=lifespan)
+    app.router.route_class = CheckedRoute
     app.state.serve = state
-    app.add_middleware(BodyLimit, limit=config.limits.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=config.limits.max_body_bytes)  # (the innermost)
+    app.add_middleware(RequireKey, key=config.api_key)  # the key before the body is read
     app.add_middleware(MeasureRequests, metrics=state.metrics)
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -115,9 +121,9 @@ def create_app(config: ServeConfig, models: list[ServedModel] | None = None) -> 
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    _add_errors(app)
+    add_error_handlers(app)
     _add_status_routes(app, state)
-    _add_model_routes(app, state, Depends(require_key(config.api_key)))
+    _add_model_routes(app, state)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 
@@ -129,25 +135,6 @@ def _version() -> str:
         return version("scratchformer")
     except PackageNotFoundError:  # pragma: no cover - a source tree not installed
         return "0"
-
-
-def _add_errors(app: FastAPI) -> None:
-    @app.exception_handler(RequestError)
-    async def refused(request: Request, e: RequestError) -> JSONResponse:
-        return error_response(e.status, str(e))
-
-    @app.exception_handler(Overloaded)
-    async def overloaded(request: Request, e: Overloaded) -> JSONResponse:
-        return error_response(429, str(e), {"Retry-After": str(e.retry_after)})
-
-    @app.exception_handler(KeyRefused)
-    async def no_key(request: Request, e: KeyRefused) -> JSONResponse:
-        message = "this server needs an API key: Authorization: Bearer KEY"
-        return error_response(401, message, {"WWW-Authenticate": "Bearer"})
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return error_response(422, one_line(list(e.errors())))
 
 
 def _add_status_routes(app: FastAPI, state: ServerState) -> None:
@@ -174,18 +161,18 @@ def _add_status_routes(app: FastAPI, state: ServerState) -> None:
         return FileResponse(STATIC / "index.html")
 
 
-def _add_model_routes(app: FastAPI, state: ServerState, key: Any) -> None:
-    @app.get("/v1/models", dependencies=[key], tags=["models"])
+def _add_model_routes(app: FastAPI, state: ServerState) -> None:
+    """The /v1/ routes (with an API key, :class:`~scratchformer.serve.guards.RequireKey` guards them)."""
+
+    @app.get("/v1/models", tags=["models"])
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [m.describe() for m in state.models.values()]}
 
     for endpoint in ("translate", "classify", "embed"):
         route = _text_route(state, endpoint)
-        app.post(f"/v1/{endpoint}", dependencies=[key], tags=["models"], name=endpoint, responses=ERRORS)(
-            route
-        )
+        app.post(f"/v1/{endpoint}", tags=["models"], name=endpoint, responses=ERRORS)(route)
 
-    @app.post("/v1/embeddings", dependencies=[key], responses=ERRORS, tags=["models"])
+    @app.post("/v1/embeddings", responses=ERRORS, tags=["models"])
     async def embeddings(body: EmbeddingsRequest, request: Request) -> Any:
         """OpenAI's shape: {"object": "list", "data": [{"object": "embedding", "index", "embedding"}]}."""
         if body.encoding_format not in ("float", "base64"):
@@ -197,9 +184,9 @@ def _add_model_routes(app: FastAPI, state: ServerState, key: Any) -> None:
             )
         texts = [body.input] if isinstance(body.input, str) else body.input
         answers, model, lengths = await _answer(state, request, "embeddings", texts, {}, body.model)
-        return _openai_embeddings(answers, model.name, sum(lengths), body.encoding_format)
+        return await _rendered(_openai_embeddings(answers, model.name, sum(lengths), body.encoding_format))
 
-    @app.post("/v1/attention", dependencies=[key], responses=ERRORS, tags=["page"])
+    @app.post("/v1/attention", responses=ERRORS, tags=["page"])
     async def attention(body: AttentionRequest, request: Request) -> Any:
         """A translation's attention weights: encoder, decoder and cross-attention, per layer and head."""
         answers, _, _ = await _answer(
@@ -212,9 +199,9 @@ def _add_model_routes(app: FastAPI, state: ServerState, key: Any) -> None:
             "attention",
             {"layer": body.layer},
         )
-        return answers[0]
+        return await _rendered(answers[0])
 
-    @app.post("/v1/caption", dependencies=[key], responses=ERRORS, tags=["models"])
+    @app.post("/v1/caption", responses=ERRORS, tags=["models"])
     async def caption(
         request: Request,
         images: Annotated[list[UploadFile], File(description="image files (any format Pillow reads)")],
@@ -223,13 +210,13 @@ def _add_model_routes(app: FastAPI, state: ServerState, key: Any) -> None:
         stream: Annotated[bool, Form()] = False,
     ) -> Any:
         items = await check_images(images, state.limits)
-        params = _json_object(parameters)
+        params = await run_in_threadpool(_json_object, parameters)
         if stream:
             return await _stream(state, request, "caption", items, params, model)
         answers, _, _ = await _answer(state, request, "caption", items, params, model)
-        return [{"image": f.filename, **a} for f, a in zip(images, answers)]
+        return await _rendered([{"image": f.filename, **a} for f, a in zip(images, answers)])
 
-    @app.post("/v1/caption/attention", dependencies=[key], responses=ERRORS, tags=["page"])
+    @app.post("/v1/caption/attention", responses=ERRORS, tags=["page"])
     async def caption_attention(
         request: Request,
         image: Annotated[UploadFile, File()],
@@ -237,11 +224,10 @@ def _add_model_routes(app: FastAPI, state: ServerState, key: Any) -> None:
         model: Annotated[str | None, Form()] = None,
     ) -> Any:
         """Each word's attention over the photo (a grid of regions), with the photo as the model saw it."""
-        items = await check_images([image], state.limits)
-        answers, _, _ = await _answer(
-            state, request, "caption", items, _json_object(parameters), model, "attention"
-        )
-        return answers[0]
+        items = await check_images([image], state.limits, "image")
+        params = await run_in_threadpool(_json_object, parameters)
+        answers, _, _ = await _answer(state, request, "caption", items, params, model, "attention")
+        return await _rendered(answers[0])
 
 
 def _text_route(state: ServerState, endpoint: str) -> Any:
@@ -250,15 +236,14 @@ def _text_route(state: ServerState, endpoint: str) -> Any:
         if body.stream:
             return await _stream(state, request, endpoint, texts, body.parameters, body.model)
         answers, _, _ = await _answer(state, request, endpoint, texts, body.parameters, body.model)
-        return answers
+        return await _rendered(answers)
 
     route.__doc__ = f"One answer per input ({endpoint}); ``stream``: server-sent events (see the guide)."
     return route
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    import json
-
+    """A form's ``parameters`` field: a JSON object."""
     try:
         value = json.loads(text)
     except ValueError as e:
@@ -268,7 +253,7 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _prepare(
+async def _prepare(
     state: ServerState,
     request: Request,
     endpoint: str,
@@ -278,31 +263,64 @@ def _prepare(
     method: str = "run",
     extra: dict[str, Any] | None = None,
 ) -> Job:
-    """Check a request (model, inputs, parameters, lengths) and make its job; nothing queued yet.
+    """Check a request (in a worker thread: :func:`_check`) and make its job; nothing queued yet.
     ``extra``: values of the route's own beside the checked parameters (the attention's layer)."""
+    deadline = time.monotonic() + state.limits.timeout_s
+    options, lengths = await run_in_threadpool(
+        _check, state, request, endpoint, items, parameters, name, extra
+    )
+    future = asyncio.get_running_loop().create_future()
+    return Job(list(items), lengths, options, deadline, future, method)
+
+
+def _check(
+    state: ServerState,
+    request: Request,
+    endpoint: str,
+    items: list[Any],
+    parameters: dict,
+    name: str | None,
+    extra: dict[str, Any] | None,
+) -> tuple[Options, list[int]]:
+    """(a worker thread) A request's model, inputs and parameters checked, and each input's length
+    in tokens: the work that a big request would otherwise hold the event loop with."""
     model = state.model_for(name, endpoint)
     request.state.model = model.name
     limits = state.limits
-    if not items:
-        raise RequestError(422, "inputs: empty; give one input or a list of them")
-    if len(items) > limits.max_items:
-        raise RequestError(422, f"inputs: {len(items)} inputs, over the limit max_items={limits.max_items}")
-    empty = [i for i, t in enumerate(items) if isinstance(t, str) and not t.strip()]
-    if empty:
-        raise RequestError(422, f"inputs[{empty[0]}] is empty")
+    _check_inputs(items, limits.max_items)
     options = model.options(parameters, limits.max_new_tokens)
-    if extra:
-        options = dataclasses.replace(options, values={**options.values, **extra})
-    lengths = model.lengths(items)
+    lengths = _lengths(model, items)
     long = [(i, n) for i, n in enumerate(lengths) if n > limits.max_input_tokens]
     if long:
         i, n = long[0]
         raise RequestError(
             422, f"inputs[{i}] has {n} tokens, over the limit max_input_tokens={limits.max_input_tokens}"
         )
-    future = asyncio.get_running_loop().create_future()
-    deadline = time.monotonic() + limits.timeout_s
-    return Job(list(items), lengths, options, deadline, future, method)
+    options = model.bounded(options, lengths, limits.max_new_tokens)
+    if extra:
+        if "layer" in extra:
+            model.check_layer(extra["layer"])
+        options = dataclasses.replace(options, values={**options.values, **extra})
+    return options, lengths
+
+
+def _lengths(model: ServedModel, items: list[Any], chunk: int = 8) -> list[int]:
+    """Each input's tokens, counted ``chunk`` inputs at a time: the tokenizers library holds the GIL
+    while it hands a batch's encodings back (0.4 s for 64 texts of 150 kB, the event loop stalled)."""
+    return [n for start in range(0, len(items), chunk) for n in model.lengths(items[start : start + chunk])]
+
+
+def _check_inputs(items: list[Any], max_items: int) -> None:
+    """422 for no inputs, too many, or a text that is empty or not valid Unicode."""
+    if not items:
+        raise RequestError(422, "inputs: empty; give one input or a list of them")
+    if len(items) > max_items:
+        raise RequestError(422, f"inputs: {len(items)} inputs, over the limit max_items={max_items}")
+    for i, text in enumerate(items):
+        if isinstance(text, str):
+            if not text.strip():
+                raise RequestError(422, f"inputs[{i}] is empty")
+            check_text(text, f"inputs[{i}]")
 
 
 async def _answer(
@@ -315,15 +333,22 @@ async def _answer(
     method: str = "run",
     extra: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], ServedModel, list[int]]:
-    """Queue a request's inputs and wait for all their answers (or its deadline, or its client leaving)."""
+    """Queue a request's inputs and wait for all their answers (or its deadline, or its client
+    leaving); each answer says ``"truncated": true`` if the model cut its input."""
     state.enter()
     try:
-        job = _prepare(state, request, endpoint, items, parameters, name, method, extra)
-        state.batchers[request.state.model].submit(job)
+        job = await _prepare(state, request, endpoint, items, parameters, name, method, extra)
+        model = state.models[request.state.model]
+        state.batchers[model.name].submit(job)
         answers = await _wait(job, request)
-        return answers, state.models[request.state.model], job.lengths
+        return [model.with_truncated(a, n) for a, n in zip(answers, job.lengths)], model, job.lengths
     finally:
         state.leave()
+
+
+async def _rendered(content: Any) -> JSONResponse:
+    """A JSON answer, encoded in a worker thread (attention weights and embeddings are big)."""
+    return await run_in_threadpool(JSONResponse, content)
 
 
 async def _wait(job: Job, request: Request) -> list[dict[str, Any]]:
@@ -376,11 +401,14 @@ async def _stream(
     error`` with the error's object: the deadline, a failure)."""
     state.enter()
     try:
-        job = _prepare(state, request, endpoint, items, parameters, name)
+        job = await _prepare(state, request, endpoint, items, parameters, name)
+        model = state.models[request.state.model]
         events: asyncio.Queue = asyncio.Queue()
-        job.on_answer = lambda i, answer: events.put_nowait((None, {"index": i, **answer}))
+        job.on_answer = lambda i, answer: events.put_nowait(
+            (None, {"index": i, **model.with_truncated(answer, job.lengths[i])})
+        )
         job.on_token = lambda i, token: events.put_nowait(("token", {"index": i, **token}))
-        state.batchers[request.state.model].submit(job)
+        state.batchers[model.name].submit(job)
     except BaseException:
         state.leave()
         raise
@@ -428,7 +456,12 @@ def _openai_embeddings(answers: list[dict], model: str, tokens: int, encoding: s
         return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if encoding == "base64" else v
 
     data = [
-        {"object": "embedding", "index": i, "embedding": vector(a["embedding"])}
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": vector(a["embedding"]),
+            **({"truncated": True} if a.get("truncated") else {}),
+        }
         for i, a in enumerate(answers)
     ]
     return {

@@ -11,7 +11,10 @@ limits: {max_batch_size: 32, max_wait_ms: 5, timeout_s: 30}
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,8 @@ __all__ = ["Limits", "ModelSpec", "ServeConfig"]
 
 KINDS = ("translation", "text_classifier", "captioning", "embedding")
 PRECISIONS = ("fp32", "bf16", "int8")
+A_DAY = 86_400  # the longest any of the server's waits may be, in seconds
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -37,14 +42,19 @@ class Limits:
     max_new_tokens: int = 256  # a request's max_new_tokens; more: 422
     max_image_pixels: int = 40_000_000  # width x height of an uploaded image; more: 413
     timeout_s: float = 30.0  # from a request's arrival to its answer; later: 504 (its queued work dropped)
+    max_head_bytes: int = 65_536  # a request's line and headers; more: 431 and the connection closed
+    head_timeout_s: float = 10.0  # for a request's head to arrive whole; later: 408, connection closed
+    body_timeout_s: float = 10.0  # the longest pause in a body's arrival; longer: 408, connection closed
 
     def __post_init__(self) -> None:
+        check_types(self, "limits.")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+            if not value > 0:
                 raise ValueError(f"limits.{f.name} must be a positive number, got {value!r}")
-            if f.type == "int" and not isinstance(value, numbers.Integral):
-                raise ValueError(f"limits.{f.name} must be an integer, got {value!r}")
+            seconds = value / 1000 if f.name.endswith("_ms") else value
+            if f.name.endswith(("_s", "_ms")) and not seconds <= A_DAY:
+                raise ValueError(f"limits.{f.name} must be at most a day, got {value!r}")
 
 
 @dataclass
@@ -58,6 +68,7 @@ class ModelSpec:
     precision: str = "fp32"
 
     def __post_init__(self) -> None:
+        check_types(self, "a model's ")
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError(f"model name {self.name!r}: use letters, digits, '-', '_' and '.'")
         if self.kind is not None and self.kind not in KINDS:
@@ -97,18 +108,21 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
+        check_types(self)
         if not self.models:
             raise ValueError("no model to serve: give --checkpoint DIR (or models: in the config file)")
         names = [m.name for m in self.models]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"two models are named {twice[0]!r}: name them (--checkpoint NAME=DIR)")
-        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
-            raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
+        if not self.host:
+            raise ValueError("host must be an address (127.0.0.1, 0.0.0.0, ...), got ''")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if not self.drain_s >= 0:
-            raise ValueError(f"drain_s must be >= 0 seconds, got {self.drain_s}")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"threads must be in 1..{MAX_THREADS}, got {self.threads}")
+        if not 0 <= self.drain_s <= A_DAY:
+            raise ValueError(f"drain_s must be 0 to {A_DAY} seconds, got {self.drain_s}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServeConfig:
@@ -147,3 +161,36 @@ def _known(data: Any, cls: type, what: str) -> None:
     unknown = sorted(set(data) - fields)
     if unknown:
         raise ValueError(f"{what}: unknown key {unknown[0]!r}; expected some of {sorted(fields)}")
+
+
+def check_types(config: Any, where: str = "") -> None:
+    """Each field of the dataclass ``config`` holds a value of its annotated type, or a ValueError
+    (a bad value in the config) names the field and the type: a bool is no number, an integer is a
+    number, a number is finite, and None is allowed only where the annotation says ``| None``."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value, expected = getattr(config, f.name), hints[f.name]
+        if not _is(value, expected):
+            raise ValueError(f"{where}{f.name} must be {_describe(expected)}, got {value!r}")
+
+
+def _is(value: Any, expected: Any) -> bool:
+    if isinstance(expected, types.UnionType):
+        return any(_is(value, option) for option in typing.get_args(expected))
+    if typing.get_origin(expected) is list:
+        (item,) = typing.get_args(expected)
+        return isinstance(value, list) and all(_is(v, item) for v in value)
+    if expected is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if expected is float:  # a finite number
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, expected)
+
+
+def _describe(expected: Any) -> str:
+    if isinstance(expected, types.UnionType):
+        return " or ".join(_describe(option) for option in typing.get_args(expected))
+    if typing.get_origin(expected) is list:
+        return f"a list ({_describe(typing.get_args(expected)[0])} each)"
+    words = {int: "an integer", float: "a finite number", str: "a string", type(None): "null"}
+    return words.get(expected, f"a {getattr(expected, '__name__', expected)}")

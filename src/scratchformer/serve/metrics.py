@@ -11,7 +11,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["MeasureRequests", "Metrics"]
+from scratchformer.serve.guards import route_path
+
+__all__ = ["MeasureRequests", "Metrics", "route_template"]
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -55,13 +57,15 @@ class Metrics:
 
 class MeasureRequests:
     """ASGI middleware: each /v1/ request counted by model, route and status code, and timed from
-    arrival to its last byte (a stream's end). The route names its model in ``request.state.model``."""
+    arrival to its last byte (a stream's end). The route names its model in ``request.state.model``.
+    Requests are labelled by their route's template, never by the path a client sent: every path no
+    route has shares the label "unmatched", so that no client can grow the metrics without bound."""
 
     def __init__(self, app: Any, metrics: Metrics):
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not route_path(scope).startswith("/v1/"):
             return await self.app(scope, receive, send)
         start, status = time.monotonic(), ["500"]
 
@@ -74,5 +78,18 @@ class MeasureRequests:
             await self.app(scope, receive, watched)
         finally:
             model = (scope.get("state") or {}).get("model") or "-"  # (request.state's dict)
-            self.metrics.requests.labels(model, scope["path"], status[0]).inc()
-            self.metrics.latency.labels(model, scope["path"]).observe(time.monotonic() - start)
+            endpoint = route_template(scope)
+            self.metrics.requests.labels(model, endpoint, status[0]).inc()
+            self.metrics.latency.labels(model, endpoint).observe(time.monotonic() - start)
+
+
+def route_template(scope: dict) -> str:
+    """The template of the app's route that matches the request's path ("/v1/translate"; a wrong
+    method still names its route), or "unmatched"."""
+    from starlette.routing import Match
+
+    for route in scope["app"].router.routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return getattr(route, "path", "unmatched")
+    return "unmatched"

@@ -1,8 +1,9 @@
 """The models behind the server, one class per kind, each a thin face of its task's Python API
 (``Translator``, ``LoadedClassifier``, ``Captioner``, ``SentenceEncoder``), which it calls and never
-bypasses. A served model checks a request's inputs and parameters on the event loop (cheap, before any
-queueing) and runs a batch of inputs in its inference thread (:mod:`~scratchformer.serve.batcher`).
-Its answers hold the fields of the command line's JSON Lines output."""
+bypasses. A served model checks a request's inputs and parameters before any queueing (in a worker
+thread, never on the event loop) and runs a batch of inputs in its inference thread
+(:mod:`~scratchformer.serve.batcher`). Its answers hold the fields of the command line's JSON Lines
+output. Every request parameter is checked in its range (:mod:`~scratchformer.serve.parameters`)."""
 
 from __future__ import annotations
 
@@ -17,23 +18,17 @@ from typing import Any
 import torch
 
 from scratchformer.generation import GenerationConfig
+from scratchformer.generation.interface import max_decode_length
 from scratchformer.serve.config import ModelSpec
+from scratchformer.serve.parameters import RANGES, RequestError, check_text, shown, token_ranges
 from scratchformer.tasks.common import checkpoint_kind, generated_answer
 
-__all__ = ["Options", "ServedModel", "load_served"]
+__all__ = ["Options", "RequestError", "ServedModel", "load_served"]
 
 GENERATION_FIELDS = {f.name for f in dataclasses.fields(GenerationConfig)} - {
     "decoder_start_token_id",
     "eos_token_id",
 }
-
-
-class RequestError(ValueError):
-    """A request the server refuses: its HTTP ``status`` (413, 422) and a one-line message."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -72,9 +67,25 @@ class ServedModel:
             raise RequestError(422, f"parameters: model {self.name!r} ({self.kind}) takes none")
         return Options("", {})
 
+    def bounded(self, options: Options, lengths: list[int], max_new_tokens: int) -> Options:
+        """``options`` for inputs of these ``lengths``, within the server's ``max_new_tokens`` limit
+        (for models that generate: see :class:`_Generating`)."""
+        return options
+
     def lengths(self, items: Sequence[Any]) -> list[int]:
         """Each input's length in tokens, as the model reads it (before its own truncation)."""
         raise NotImplementedError
+
+    @property
+    def input_limit(self) -> int | None:
+        """The most tokens of an input the model reads (it cuts longer ones); None: no such limit."""
+        return None
+
+    def with_truncated(self, answer: dict[str, Any], length: int) -> dict[str, Any]:
+        """An input's answer, with ``"truncated": true`` if the model cut the input (as the command
+        line's JSON Lines say it)."""
+        limit = self.input_limit
+        return {**answer, "truncated": True} if limit is not None and length > limit else answer
 
     def run(self, items: Sequence[Any], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
         """One answer per input (called in the inference thread, with the inputs of one batch);
@@ -103,23 +114,24 @@ class _Generating(ServedModel):
     fields (``beam_size`` for ``num_beams``), ``seed`` and ``prefix``."""
 
     def options(self, parameters: dict[str, Any], max_new_tokens: int) -> Options:
+        """``parameters`` checked: known names, each in its range (:data:`RANGES`, the limit's
+        :func:`token_ranges`), then as :class:`GenerationConfig` checks them together."""
         values = dict(parameters)
         if "beam_size" in values:
             values["num_beams"] = values.pop("beam_size")
         unknown = sorted(set(values) - GENERATION_FIELDS - {"seed", "prefix"})
         if unknown:
             known = [*sorted(GENERATION_FIELDS), "seed", "prefix"]
-            raise RequestError(422, f"parameters: unknown {unknown[0]!r}; expected some of {known}")
-        asked = values.get("max_new_tokens")
-        if isinstance(asked, int) and asked > max_new_tokens:
-            raise RequestError(
-                422, f"parameters.max_new_tokens: {asked} is over the limit max_new_tokens={max_new_tokens}"
-            )
+            raise RequestError(422, f"parameters: unknown {shown(unknown[0])}; expected some of {known}")
+        ranges = {**RANGES, **token_ranges(max_new_tokens)}
+        for name, value in values.items():
+            if name in ranges and not (name == "max_new_tokens" and value is None):
+                ranges[name].check(name, value)
         seed, prefix = values.pop("seed", None), values.pop("prefix", None)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise RequestError(422, f"parameters.seed: expected an integer, got {seed!r}")
-        if prefix is not None and not isinstance(prefix, str):
-            raise RequestError(422, f"parameters.prefix: expected a string, got {prefix!r}")
+        if prefix is not None:
+            if not isinstance(prefix, str):
+                raise RequestError(422, f"parameters.prefix: expected a string, got {shown(prefix)}")
+            check_text(prefix, "parameters.prefix")
         if seed is not None and not values.get("do_sample"):
             raise RequestError(422, "parameters.seed: only with do_sample")
         if values.get("do_sample"):  # sampling draws one token a step (as the command line's --sampling)
@@ -128,8 +140,55 @@ class _Generating(ServedModel):
             config = self.task.generation_config(**values)
         except (TypeError, ValueError) as e:
             raise RequestError(422, f"parameters: {e}") from None
-        key = json.dumps({**values, "seed": seed, "prefix": prefix}, sort_keys=True)
-        return Options(key, {"seed": seed, "prefix": prefix}, config)
+        return _generating_options(config, seed, prefix)
+
+    def bounded(self, options: Options, lengths: list[int], max_new_tokens: int) -> Options:
+        """``options`` whose new tokens stay within the server's ``max_new_tokens`` limit, whatever
+        asks for them. A request without ``max_new_tokens`` whose budget ``max_len_a * S +
+        max_len_b`` (S: its longest source) could pass the limit decodes with ``max_new_tokens`` =
+        the limit. 422 for a prefix that leaves no room within the model's ``max_len``, and for a
+        ``min_new_tokens`` not below the budget of one of the inputs (decoded alone)."""
+        config, prefix = options.config, options.values["prefix"]
+        room = self.max_len - 1 - (self.prefix_length(prefix) if prefix else 0)
+        if room < 1:
+            raise RequestError(
+                422, f"parameters.prefix: its tokens leave no room within the model's max_len={self.max_len}"
+            )
+        shortest, longest = self.sources(lengths)
+        if config.max_new_tokens is None and self.budget(config, longest, room) > max_new_tokens:
+            config = config.replace(max_new_tokens=max_new_tokens)
+            options = _generating_options(config, options.values["seed"], prefix)
+        least = self.budget(config, shortest, room)
+        if config.min_new_tokens >= least:
+            raise RequestError(
+                422,
+                f"parameters.min_new_tokens must be below the {least} new tokens allowed here "
+                f"(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len), "
+                f"got {config.min_new_tokens}",
+            )
+        return options
+
+    def budget(self, config: GenerationConfig, source: int, room: int) -> int:
+        """The new tokens decoding allows a source of ``source`` positions (as :func:`~scratchformer.
+        generation.generate` counts them), with ``room`` left in the decoder after a prefix."""
+        wanted = config.max_new_tokens or max_decode_length(
+            self.task.model, source, config.max_len_a, config.max_len_b
+        )
+        return min(wanted, room)
+
+    @property
+    def max_len(self) -> int:
+        """The decoder's positions: BOS, then at most ``max_len - 1`` tokens (a prefix's included)."""
+        return self.task.model.config.max_len
+
+    def sources(self, lengths: list[int]) -> tuple[int, int]:
+        """The fewest and the most positions the model's source (S in ``max_len_a * S +
+        max_len_b``) has for inputs of these lengths."""
+        raise NotImplementedError
+
+    def prefix_length(self, prefix: str) -> int:
+        """The tokens of a prefix, as the model forces them."""
+        raise NotImplementedError
 
     def streams_tokens(self, options: Options) -> bool:
         return options.config is not None and options.config.num_beams == 1
@@ -139,11 +198,28 @@ class _Generating(ServedModel):
         raise NotImplementedError
 
 
+def _generating_options(config: GenerationConfig, seed: int | None, prefix: str | None) -> Options:
+    """Options of a generating model: requests that decode alike (one ``key``) share batches."""
+    key = json.dumps({**dataclasses.asdict(config), "seed": seed, "prefix": prefix}, sort_keys=True)
+    return Options(key, {"seed": seed, "prefix": prefix}, config)
+
+
 class ServedTranslator(_Generating):
     kind, endpoints, output_key = "translation", ("translate", "attention"), "translation_text"
 
     def lengths(self, items: Sequence[str]) -> list[int]:
         return self.task.source_lengths(items)
+
+    @property
+    def input_limit(self) -> int:
+        return self.max_len  # (a source is cut to max_len tokens, EOS included)
+
+    def sources(self, lengths: list[int]) -> tuple[int, int]:
+        return min(min(lengths), self.max_len), min(max(lengths), self.max_len)  # (cut to max_len)
+
+    def prefix_length(self, prefix: str) -> int:
+        target = getattr(self.task.tokenizer, "encode_target", None)  # (a Marian model's target side)
+        return len(target(prefix).ids) if target else self.task.source_lengths([prefix])[0] - 1
 
     def text_of(self, ids: list[int]) -> str:
         return self.task.tokenizer.decode(ids)
@@ -155,6 +231,15 @@ class ServedTranslator(_Generating):
         )
         return [generated_answer(self.output_key, o, {"source": s}) for s, o in zip(items, outputs)]
 
+    def check_layer(self, layer: int | None) -> int:
+        """The model's layers (the more of encoder and decoder); 422 unless ``layer`` is one of them
+        or None (every layer)."""
+        config = self.task.model.config
+        layers = max(config.num_encoder_layers, config.num_decoder_layers)
+        if layer is not None and not 0 <= layer < layers:
+            raise RequestError(422, f"layer: expected 0..{layers - 1}, got {shown(layer)}")
+        return layers
+
     def attention(self, items: Sequence[str], options: Options) -> list[dict[str, Any]]:
         """Each text's translation and attention weights (rounded to 4 decimals): ``weights``
         {"encoder.self_attn" | "decoder.self_attn" | "decoder.cross_attn": {layer: (H, rows, cols)}},
@@ -162,9 +247,7 @@ class ServedTranslator(_Generating):
         from scratchformer.tasks.translation import translation_attention
 
         config, layer = self.task.model.config, options.values.get("layer")
-        layers = max(config.num_encoder_layers, config.num_decoder_layers)
-        if layer is not None and not 0 <= layer < layers:
-            raise RequestError(422, f"layer: expected 0..{layers - 1}, got {layer}")
+        layers = self.check_layer(layer)
         out = []
         for text in items:
             found = translation_attention(self.task, text, options.config)
@@ -178,25 +261,37 @@ class ServedTranslator(_Generating):
 
 
 class ServedCaptioner(_Generating):
-    """Inputs are uploaded image files (bytes), read as the ``caption`` command reads files: a photo
-    model through its image encoder (any size), a pixel model resized to its size."""
+    """Inputs are image files (bytes, or an :class:`~scratchformer.serve.images.Upload`: bytes and a
+    label), read as the ``caption`` command reads files: a photo model through its image encoder (any
+    size), a pixel model resized to its size. A file Pillow cannot decode is an error naming it."""
 
     kind, endpoints, output_key = "captioning", ("caption",), "generated_text"
+    positions = 0  # what the decoder attends to, per image (its regions; a pixel model's channels)
 
-    def lengths(self, items: Sequence[bytes]) -> list[int]:
+    def lengths(self, items: Sequence[Any]) -> list[int]:
         return [1] * len(items)  # a photo is one input of fixed cost
 
-    def images(self, items: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def prefix_length(self, prefix: str) -> int:
+        return len(self.task.vocab.encode(prefix))
+
+    def sources(self, lengths: list[int]) -> tuple[int, int]:
+        return self.positions, self.positions  # (the same for every image: fixed after the warm-up)
+
+    def warm_up(self) -> None:
+        super().warm_up()
+        self.positions = self.images(self.warm_up_items())[0].shape[1]
+
+    def images(self, items: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's inputs (pixels or features), and for a photo model the cropped photos."""
         captioner = self.task
         if captioner.photos is not None:
-            return captioner.photo_features([io.BytesIO(b) for b in items])
-        return torch.stack([captioner.load_image(io.BytesIO(b), resize=True) for b in items]), None
+            return captioner.photo_features([_image_file(item) for item in items])
+        return torch.stack([captioner.load_image(_image_file(item), resize=True) for item in items]), None
 
     def text_of(self, ids: list[int]) -> str:
         return self.task.vocab.decode(ids)
 
-    def run(self, items: Sequence[bytes], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
+    def run(self, items: Sequence[Any], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
         inputs, _ = self.images(items)
         values = options.values
         with self.autocast():
@@ -205,7 +300,7 @@ class ServedCaptioner(_Generating):
             )
         return [generated_answer(self.output_key, o, {}) for o in outputs]
 
-    def attention(self, items: Sequence[bytes], options: Options) -> list[dict[str, Any]]:
+    def attention(self, items: Sequence[Any], options: Options) -> list[dict[str, Any]]:
         """Each image's caption, and each word's attention over the picture the model saw (the last
         decoder layer's cross-attention, mean over heads: (words, grid x grid), rounded), with that
         picture as a PNG data URL."""
@@ -236,11 +331,20 @@ class ServedCaptioner(_Generating):
         return [out.getvalue()]
 
 
+def _image_file(item: Any) -> io.BytesIO:
+    """An input image as a file: plain bytes, or an upload (whose errors name it)."""
+    return io.BytesIO(item) if isinstance(item, bytes) else item.open()
+
+
 class ServedClassifier(ServedModel):
     kind, endpoints = "text_classifier", ("classify",)
 
     def lengths(self, items: Sequence[str]) -> list[int]:
         return self.task.tokenizer.full_lengths(items)
+
+    @property
+    def input_limit(self) -> int:
+        return self.task.tokenizer.max_length
 
     def run(self, items: Sequence[str], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
         precision = "bf16" if self.spec.precision == "bf16" else "fp32"
@@ -262,6 +366,10 @@ class ServedEncoder(ServedModel):
 
     def lengths(self, items: Sequence[str]) -> list[int]:
         return self.task.tokenizer.full_lengths(items)
+
+    @property
+    def input_limit(self) -> int:
+        return self.task.tokenizer.max_length
 
     def run(self, items: Sequence[str], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
         with self.autocast():

@@ -5,7 +5,6 @@ model, the requests in flight, and whether it is draining."""
 from __future__ import annotations
 
 import threading
-import traceback
 
 from scratchformer.serve.batcher import MicroBatcher, Overloaded
 from scratchformer.serve.config import ServeConfig
@@ -23,6 +22,7 @@ class ServerState:
         self.models: dict[str, ServedModel] = {}
         self.batchers: dict[str, MicroBatcher] = {}
         self.status, self.error = "loading", ""
+        self.exception: Exception | None = None  # what failed the loading
         self.in_flight = 0
         self._given = models  # already loaded (tests, the Python API): served as they are
         self.done_loading = threading.Event()
@@ -43,8 +43,10 @@ class ServerState:
                 self._add(load_served(spec, self.config.device))
             self.status = "ready"
         except Exception as e:  # noqa: BLE001 - /ready and the command line say what failed
-            self.status, self.error = "failed", f"model {name!r}: {type(e).__name__}: {e}"
-            traceback.print_exc()
+            problem = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            problem = problem.removeprefix(f"model {name!r}: ")  # named once
+            self.status, self.error = "failed", f"model {name!r}: {type(e).__name__}: {problem}"
+            self.exception = e  # (its traceback: the command line's --debug)
         finally:
             self.done_loading.set()
 
