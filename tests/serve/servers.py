@@ -135,5 +135,14 @@ def serve_process(*args: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
             process.wait(30)
 
 
+def refused(response: httpx.Response, status: int, *words: str) -> dict:
+    """The body of an error answer: ``status``, the one-line error shape, naming each of ``words``."""
+    body = response.json()
+    assert response.status_code == status, body
+    assert set(body) == {"error", "error_type"} and "\n" not in body["error"], body
+    assert all(w in body["error"] for w in words), body
+    return body
+
+
 def config(*specs: ModelSpec, **limits: Any) -> ServeConfig:
     return ServeConfig(list(specs), limits=Limits(**limits))

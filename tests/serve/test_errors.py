@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import CLASSIFIER, SOURCES, TRANSLATION, SlowModel, client_for, config, png
+from servers import CLASSIFIER, SOURCES, TRANSLATION, SlowModel, client_for, config, png, refused
 
 from scratchformer.serve import Limits, ModelSpec, ServeConfig, create_app
 
@@ -24,14 +24,6 @@ def translator():
                max_image_pixels=1000, max_body_bytes=2000)
     ) as c:  # fmt: skip
         yield c
-
-
-def refused(response: httpx.Response, status: int, *words: str) -> dict:
-    body = response.json()
-    assert response.status_code == status, body
-    assert set(body) == {"error", "error_type"} and "\n" not in body["error"], body
-    assert all(w in body["error"] for w in words), body
-    return body
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from servers import CAPTIONING, CLASSIFIER, TRANSLATION, SlowModel, client_for, config, png
+from servers import CAPTIONING, CLASSIFIER, TRANSLATION, SlowModel, client_for, config, png, refused
 
 from scratchformer.serve import Limits, ModelSpec, ServeConfig, create_app
 from scratchformer.serve.parameters import RANGES
@@ -37,14 +37,6 @@ def client():
     ]
     with client_for(config(*specs, max_new_tokens=20, max_wait_ms=1)) as c:
         yield c
-
-
-def refused(response: httpx.Response, status: int, *words: str) -> dict:
-    body = response.json()
-    assert response.status_code == status, body
-    assert set(body) == {"error", "error_type"} and "\n" not in body["error"], body
-    assert all(w in body["error"] for w in words), body
-    return body
 
 
 def translate(client, parameters: dict[str, Any], inputs: Any = "ein Mann") -> httpx.Response:
