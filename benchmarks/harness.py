@@ -3,14 +3,16 @@
 A :class:`Case` is one implementation of one row of the table. The cases of a :class:`Group` are
 timed together: in every round each case runs once (in a rotated order, so none always follows
 the same neighbour), so a slow spell of a noisy machine hits all of them alike and the ratios
-between them stay meaningful even when the absolute times do not.
+between them stay meaningful even when the absolute times do not. The same loop, without the
+table's rows, is :func:`interleaved_times` (and :func:`interleaved_medians`): the one-off timing
+scripts beside the suite (``decoding_speed``, ``compare_release``, ``fast_path_micro``) use it.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -76,21 +78,56 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_group(group: Group, device: torch.device, log: Callable[[str], None] = print) -> None:
-    """Time every case of ``group``, interleaved; fills each case's ``times``."""
-    cases = group.cases
-    for round_ in range(group.warmup + group.repeats):
-        shift = round_ % len(cases)
-        for case in cases[shift:] + cases[:shift]:
-            synchronize(device)
-            timed = round_ >= group.warmup
-            fn = case.fn if timed or case.warmup_fn is None else case.warmup_fn
+def interleaved_times(
+    fns: Mapping[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | None = None,
+    warmup_fns: Mapping[str, Callable[[], object]] | None = None,
+) -> dict[str, list[float]]:
+    """Seconds of each timed call of each function: ``warmup`` untimed rounds, then ``repeats`` timed
+    ones; in every round each function runs once, the order rotated by one each round (so none always
+    follows the same neighbour). ``device``: a CUDA device is synchronized around every call.
+    ``warmup_fns``: run instead of a function in the warm-up rounds (a shorter version of a slow one)."""
+    names, extra = list(fns), warmup_fns or {}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(warmup + repeats):
+        shift = round_ % len(names)
+        timed = round_ >= warmup
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name] if timed else extra.get(name, fns[name])
+            if device is not None:
+                synchronize(device)
             start = time.perf_counter()
             fn()
-            synchronize(device)
+            if device is not None:
+                synchronize(device)
             if timed:
-                case.times.append(time.perf_counter() - start)
-    for case in cases:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def interleaved_medians(
+    fns: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1, device: torch.device | None = None
+) -> dict[str, float]:
+    """The median seconds per call of each function, timed by :func:`interleaved_times`."""
+    return {name: statistics.median(t) for name, t in interleaved_times(fns, repeats, warmup, device).items()}
+
+
+def run_group(group: Group, device: torch.device, log: Callable[[str], None] = print) -> None:
+    """Time every case of ``group``, interleaved (:func:`interleaved_times`); fills each case's
+    ``times``."""
+    cases = {str(i): case for i, case in enumerate(group.cases)}
+    times = interleaved_times(
+        {i: case.fn for i, case in cases.items()},
+        group.repeats,
+        group.warmup,
+        device,
+        {i: case.warmup_fn for i, case in cases.items() if case.warmup_fn is not None},
+    )
+    for i, case in cases.items():
+        case.times.extend(times[i])
+    for case in group.cases:
         log(
             f"  {case.row:<26} {case.impl:<44} median {case.median * 1e3:9.2f} ms "
             f"(min {min(case.times) * 1e3:.2f}, max {max(case.times) * 1e3:.2f})"

@@ -21,10 +21,13 @@ import json
 import multiprocessing
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,12 +82,42 @@ def _translate_all(texts: list[str], sorted: bool) -> float:  # noqa: A002
     return len(texts) / (time.perf_counter() - start)
 
 
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (for :func:`spawn`)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args: Sequence[str], port: int, seconds: float = 300, **popen: Any) -> subprocess.Popen:
+    """``scratchformer serve ARGS --port PORT`` as a process of its own (``popen``: its
+    ``subprocess.Popen`` options), returned once its /ready answers 200 (for this benchmark and
+    scripts/figures/serve_page.py). A process that exits first, or is not ready in ``seconds``, is a
+    RuntimeError."""
+    options = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True, **popen}
+    command = [sys.executable, "-m", "scratchformer", "serve", *args, "--port", str(port)]
+    server = subprocess.Popen(command, **options)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pipe = server.stderr or server.stdout
+            said = pipe.read() if pipe else ""
+            raise RuntimeError(f"the server exited ({server.returncode}): {said[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
+                if answer.status == 200:
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.1)
+    server.kill()
+    raise RuntimeError(f"the server was not ready within {seconds:.0f} s")
+
+
 def start_server(
     checkpoint: str, port: int, threads: int, precision: str, limits: Sequence[str]
 ) -> subprocess.Popen:
     """``scratchformer serve`` on 127.0.0.1:port, returned once /ready answers 200."""
-    from scratchformer.serve.server import spawn
-
     args = ["--checkpoint", f"model={checkpoint}", "--threads", str(threads), "--precision", precision]
     return spawn(args + [f"--limit={limit}" for limit in limits], port)
 
@@ -290,8 +323,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = Path(args.source or Path(args.data) / "multi30k" / "test_2016_flickr.de.gz")
     texts = [t for t in read_lines(source, args.sentences) if t.strip()]
     offline = Offline(args.checkpoint, args.threads, args.precision)
-    from scratchformer.serve.server import free_port
-
     port = free_port()
     server = start_server(args.checkpoint, port, args.threads, args.precision, args.limit)
     url, rows, soaked = f"http://127.0.0.1:{port}", [], []

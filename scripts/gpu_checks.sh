@@ -2,7 +2,7 @@
 # The GPU checks in one go, each under its own time limit, for a GPU machine lent for minutes:
 #   1. the benchmark suite on CUDA, full size, fp32 and bf16 (its reports are rewritten after every
 #      group, so a run stopped at its limit keeps what it measured);
-#   2. scripts/cuda_resume_check.py (a resumed run equals the uninterrupted one, fp32/fp16/bf16);
+#   2. scripts/parity/cuda_resume_check.py (a resumed run equals the uninterrupted one, fp32/fp16/bf16);
 #   3. the test suite on a machine where CUDA is available (the tests that take another branch
 #      there; packages missing on that machine show up as collection errors, listed, not fatal).
 #
@@ -32,7 +32,7 @@ step() {  # step NAME LIMIT COMMAND...: run it under its limit (its child proces
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 "$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
 step benchmarks "${BENCH_S:-330}" "$py" -m benchmarks.run --device cuda --size full --precision both --out "$out"
-step resume "${RESUME_S:-90}" "$py" scripts/cuda_resume_check.py >"$out/resume.jsonl"
+step resume "${RESUME_S:-90}" "$py" scripts/parity/cuda_resume_check.py >"$out/resume.jsonl"
 cat "$out/resume.jsonl"
 # -v: one line per test as it ends, so a suite stopped at its limit still says what ran
 step tests "${TESTS_S:-150}" "$py" -m pytest -v -p no:cacheprovider --continue-on-collection-errors \

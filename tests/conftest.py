@@ -66,6 +66,8 @@ KERNEL_SENSITIVE = (
     "tasks/test_translation_ties.py",
     "generation/test_beam_search.py",
     "generation/test_fast_beam.py",
+    "generation/test_fast_rules.py",
+    "generation/test_fast_step_mask.py",
     "data/test_pooling_and_tokenization.py",
     "scripts/test_serving_benchmark.py",
 )

@@ -115,12 +115,12 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def browser(chromium: str, site: Path, tmp_path_factory) -> str:
-    """scripts/docs_screenshots.py over the built site, headless Chromium, offline: screenshots and
+    """scripts/figures/docs_screenshots.py over the built site, headless Chromium, offline: screenshots and
     typeset math of three pages, then every page's layout in a 1280 px window."""
     out = tmp_path_factory.mktemp("screenshots")
     pages = ["index", "paper", "pitfalls"]
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "docs_screenshots.py"), "--site", str(site)]
+        [sys.executable, str(ROOT / "scripts" / "figures" / "docs_screenshots.py"), "--site", str(site)]
         + ["--pages", *pages, "--out", str(out), "--layout", "1280"],
         capture_output=True,
         text=True,

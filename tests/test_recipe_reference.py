@@ -28,8 +28,8 @@ from scratchformer.tasks.captioning import (
     SelfCriticalOptions,
 )
 from scratchformer.tasks.classification import ClassifierRecipe
-from scratchformer.tasks.common import DECODING_KEYS, DecodingOptions
 from scratchformer.tasks.masked_lm import MLMRecipe
+from scratchformer.tasks.shared import DECODING_KEYS, DecodingOptions
 from scratchformer.tasks.translation import TranslationRecipe
 from scratchformer.training.trainer import TrainConfig
 

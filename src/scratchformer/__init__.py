@@ -1,8 +1,8 @@
 """scratchformer: the Transformer of "Attention Is All You Need", from scratch in PyTorch.
 
 The package is layered (see docs/design.md): core/ is the paper; fast/ and generation/ build on
-it; models/ (with formats/, their outside formats, beside it), data/, tasks/, tools/ and training/
-sit above. This module re-exports the public API only.
+it; models/ (with formats/, their outside formats, beside it), data/, tasks/, viz/ and training/
+sit above, serve/ and cli/ on top. This module re-exports the public API only.
 
 Mask convention everywhere: bool tensors, True = may attend (see :mod:`scratchformer.core.masks`).
 Shape letters: B batch, S source length, T target length, D model width, H heads, V vocabulary.

@@ -11,12 +11,12 @@ import torch
 
 from scratchformer import __version__
 from scratchformer.cli import EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED, main, tools
-from scratchformer.cli.options import checkpoint_kind
 from scratchformer.formats.hf_bert import bert_config, load_bert_encoder
 from scratchformer.formats.hf_files import CheckpointError, write_export
 from scratchformer.models.classifier import ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import EncoderConfig
 from scratchformer.tasks.classification import LoadedClassifier, load_classifier
+from scratchformer.tasks.shared.kinds import checkpoint_kind
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "v0.1.0"
 TEXTS = ["the plot was superb", "a dull film", "superb acting but a dull and dull plot"]

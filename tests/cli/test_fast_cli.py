@@ -21,7 +21,7 @@ from scratchformer.cli.paths import require_checkpoint, require_model_dir, requi
 # transformers), and the layers of the package that are built on torch.
 HEAVY = ("torch", "numpy", "safetensors", "tokenizers", "transformers") + tuple(
     f"scratchformer.{layer}"
-    for layer in ("core", "fast", "generation", "models", "formats", "tasks", "training", "tools")
+    for layer in ("core", "fast", "generation", "models", "formats", "tasks", "training", "viz")
 )
 
 # Runs each command line of argv[1] (JSON) through main() in this one fresh process and reports its

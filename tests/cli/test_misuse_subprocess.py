@@ -433,7 +433,7 @@ CASES: list[tuple[str, list[str], str, str]] = [
         "recipe-model-typo",
         ["train", "classifier", "--config", "{w}/model_typo.json"],
         ERROR,
-        "unknown fields under 'model': ['d_modle']; did you mean d_model?",
+        "model: unknown key 'd_modle'; did you mean d_model?",
     ),
     ("mlm-model-typo", ["train", "mlm", "--config", "{w}/mlm_typo.json"], ERROR, "did you mean num_layers?"),
     (

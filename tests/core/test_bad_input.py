@@ -37,7 +37,7 @@ def test_config_errors() -> None:
         sf.TransformerConfig(src_vocab_size=5, tgt_vocab_size=5, positional="rotary")
     with pytest.raises(ValueError, match="activation"):
         sf.PositionwiseFeedForward(8, 16, activation="swish")
-    with pytest.raises(ValueError, match="unknown fields"):
+    with pytest.raises(ValueError, match=r"TransformerConfig: unknown key 'd_modle'; did you mean d_model\?"):
         sf.TransformerConfig.from_dict({"src_vocab_size": 5, "tgt_vocab_size": 5, "d_modle": 8})
 
 

@@ -17,7 +17,7 @@ from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.fast import FastMultiHeadAttention
 from scratchformer.fast.quantized import QuantizedMultiHeadAttention, model_precision, quantize_int8
 from scratchformer.generation.cache import DecoderCache
-from scratchformer.tasks.common import pad_ids
+from scratchformer.tasks.shared import pad_ids
 from scratchformer.tasks.translation import Translator, bleu_and_chrf, load_translator, train_translation
 
 # ||int8 logits - fp32 logits|| / ||fp32 logits|| over the real target positions. Measured on this
@@ -75,7 +75,7 @@ def test_int8_logits_are_close_to_fp32(translator: Translator, batch, per_channe
 
 
 def test_a_wrong_slice_of_the_stacked_projection_fails_the_comparison(translator: Translator, batch) -> None:
-    """The mutation check: a cross-attention query made with W^K (the rows a wrong ``_project``
+    """The mutation check: a cross-attention query made with W^K (the rows a wrong ``project``
     would take) puts the logits far outside the bound."""
     mutated = copy.deepcopy(translator.model)
     attn, D = mutated.decoder.layers[0].cross_attn, translator.model.config.d_model

@@ -35,7 +35,7 @@ from scratchformer.formats.ctranslate2_export import (  # noqa: E402
     write_ctranslate2,
 )
 from scratchformer.generation.scoring import TieReport, same_up_to_ties  # noqa: E402
-from scratchformer.tasks.common import pad_ids  # noqa: E402
+from scratchformer.tasks.shared import pad_ids  # noqa: E402
 from scratchformer.tasks.translation import Translator  # noqa: E402
 
 DECODING = {"beam_size": 3, "length_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 5}
@@ -393,10 +393,11 @@ def test_marian_export_converts_with_ctranslate2s_converter(trained, tmp_path: P
 
 
 def test_the_parity_script_reports(trained) -> None:
-    """scripts/ct2_parity.py's report, on the toy sentences (its main reads a checkpoint and Multi30k)."""
+    """scripts/parity/ct2_parity.py's report, on the toy sentences (its main reads a checkpoint and
+    Multi30k)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "ct2_parity.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "parity" / "ct2_parity.py"
     spec = importlib.util.spec_from_file_location("ct2_parity", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

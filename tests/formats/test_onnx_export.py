@@ -45,8 +45,8 @@ from scratchformer.models.contextual import ContextualEncoder, EncoderConfig  # 
 from scratchformer.models.masked_lm import MaskedLanguageModel  # noqa: E402
 from scratchformer.models.pooling import pool  # noqa: E402
 from scratchformer.tasks.classification import LoadedClassifier  # noqa: E402
-from scratchformer.tasks.common import pad_ids  # noqa: E402
 from scratchformer.tasks.sentence_embedding import SentenceEncoder  # noqa: E402
+from scratchformer.tasks.shared import pad_ids  # noqa: E402
 from scratchformer.tasks.translation import Translator  # noqa: E402
 
 TOL = 1e-4

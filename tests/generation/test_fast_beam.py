@@ -10,7 +10,7 @@ import torch
 import scratchformer as sf
 from scratchformer.generation import GenerationConfig, StepRules, beam_search, generate
 from scratchformer.generation import fast_beam as fast
-from scratchformer.generation.fast_beam import fast_beam_search, readable_beam_search, runs_fast
+from scratchformer.generation.fast_beam import fast_beam_search, readable_beam_search, reference_reason
 from scratchformer.generation.scoring import same_up_to_ties
 
 PAD, BOS, EOS = 0, 1, 2
@@ -102,20 +102,30 @@ def test_a_vocabulary_smaller_than_the_beam() -> None:
     )
 
 
-def test_other_rules_and_models_run_the_reference(monkeypatch) -> None:
-    """A prefix, a penalty, banned n-grams or a minimum length, a model in training mode: the
-    reference search, with its result."""
+def test_every_rule_runs_fast_and_other_models_the_reference(monkeypatch) -> None:
+    """A prefix, a penalty, banned n-grams or a minimum length: the fast search, with the
+    reference's hypotheses (each rule in depth: test_fast_rules.py); a model in training mode: the
+    reference, with its result, and reference_reason says why."""
     model, src = sharp_model(1, True), padded_sources(1)
     plain = StepRules.plain(BOS, EOS, PAD, len(src), 20)
-    assert runs_fast(model, plain) and runs_fast(model, None)
-    for options in ({"repetition_penalty": 1.2}, {"no_repeat_ngram_size": 2}, {"min_new_tokens": 3}):
-        rules = StepRules.plain(BOS, EOS, PAD, len(src), 20, **options)
-        assert not runs_fast(model, rules)
-        assert fast_beam_search(model, src, bos_id=BOS, eos_id=EOS, rules=rules) == beam_search(
-            model, src, bos_id=BOS, eos_id=EOS, rules=rules
-        )
+    assert reference_reason(model) is None
+    calls = []
+    step = fast.DecoderStep.__call__
+    monkeypatch.setattr(fast.DecoderStep, "__call__", lambda self, *a: calls.append(1) or step(self, *a))
     prefixed = StepRules(GenerationConfig(decoder_start_token_id=BOS, eos_token_id=EOS), PAD, [[5]] * 6, 20)
-    assert not runs_fast(model, prefixed) and not runs_fast(model.train(), plain)
+    for options in ({"repetition_penalty": 1.2}, {"no_repeat_ngram_size": 2}, {"min_new_tokens": 3}, None):
+        rules = prefixed if options is None else StepRules.plain(BOS, EOS, PAD, len(src), 20, **options)
+        calls.clear()
+        ours = fast_beam_search(model, src, bos_id=BOS, eos_id=EOS, rules=rules)
+        reference = beam_search(model, src, bos_id=BOS, eos_id=EOS, rules=rules)
+        assert calls and [h[0].tokens for h in ours] == [h[0].tokens for h in reference]
+    trained = model.train()
+    assert "training mode" in str(reference_reason(trained))
+    calls.clear()
+    with pytest.warns(UserWarning, match="training mode"):
+        ours = fast_beam_search(trained, src, bos_id=BOS, eos_id=EOS, rules=plain)
+        assert ours == beam_search(trained, src, bos_id=BOS, eos_id=EOS, rules=plain)
+    assert not calls
 
 
 def test_generate_and_the_captioner_decode_with_it(monkeypatch) -> None:

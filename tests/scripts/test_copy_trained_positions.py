@@ -1,4 +1,4 @@
-"""scripts/copy_trained_positions.py: the position-copy experiment the pretraining guide
+"""scripts/experiments/copy_trained_positions.py: the position-copy experiment the pretraining guide
 (docs/guides/pretraining.md) measures."""
 
 import json
@@ -9,12 +9,12 @@ import torch
 from forked import run_cli
 from safetensors.torch import load_file, save_file
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "copy_trained_positions.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "experiments" / "copy_trained_positions.py"
 KEY = "bert.embeddings.position_embeddings.weight"
 
 
 def _run(*args: object) -> subprocess.CompletedProcess:
-    """``python scripts/copy_trained_positions.py ARGS``, forked from a process that has imported
+    """``python scripts/experiments/copy_trained_positions.py ARGS``, forked from a process that has imported
     torch once (tests/forked.py)."""
     return run_cli(list(map(str, args)), script=SCRIPT)
 

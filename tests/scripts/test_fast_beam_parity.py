@@ -1,4 +1,4 @@
-"""scripts/fast_beam_parity.py: the fast beam search against the readable one on a test split."""
+"""scripts/parity/fast_beam_parity.py: the fast beam search against the readable one on a test split."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "parity"))
 import fast_beam_parity  # noqa: E402
 
 

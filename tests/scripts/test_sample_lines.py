@@ -1,5 +1,5 @@
-"""scripts/sample_lines.py: the seeded test-set sample the MiniLM figure of the pretraining guide was
-scored on."""
+"""scripts/experiments/sample_lines.py: the seeded test-set sample the MiniLM figure of the pretraining
+guide was scored on."""
 
 import gzip
 import json
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sample_lines.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "experiments" / "sample_lines.py"
 
 
 def _run(*args: object) -> subprocess.CompletedProcess:

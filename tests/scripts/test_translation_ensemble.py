@@ -1,4 +1,4 @@
-"""scripts/translation_ensemble.py: the Multi30k guide's ensemble table (single models, their
+"""scripts/experiments/translation_ensemble.py: the Multi30k guide's ensemble table (single models, their
 ensemble, their averaged weights), on the session's tiny translator."""
 
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 from scratchformer.data.parallel_texts import load_parallel_texts
 from scratchformer.tasks.translation import load_translator
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "translation_ensemble.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "experiments" / "translation_ensemble.py"
 
 
 def test_every_system_gets_a_row_scored_as_evaluate_scores_it(tiny_translation) -> None:

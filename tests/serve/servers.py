@@ -1,6 +1,6 @@
 """What the serve tests share: the fixture checkpoints (a translator, a classifier, a captioner of
 tests/fixtures/v0.1.0), a random BERT encoder saved as Hugging Face does, a slow model whose calls
-the test controls, a running app, and a real ``scratchformer serve`` process."""
+the test controls, a running app, and a real ``scratchformer serve`` process (:func:`spawn`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typing import Any
 
 import httpx
 
+from benchmarks.serve_load import free_port, spawn  # (one copy: the benchmark's)
 from scratchformer.serve import Limits, ModelSpec, ServeConfig, create_app
-from scratchformer.serve.models import Options, ServedModel
-from scratchformer.serve.server import free_port
+from scratchformer.serve.errors import ERRORS
+from scratchformer.serve.served import Options, ServedModel
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "v0.1.0"
 TRANSLATION, CLASSIFIER, CAPTIONING = (FIXTURES / k for k in ("translation", "text_classifier", "captioning"))
@@ -121,8 +122,6 @@ def serve_process(*args: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     output file) once ready."""
     import tempfile
 
-    from scratchformer.serve.server import spawn
-
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as folder, open(Path(folder) / "server.log", "w") as log:
@@ -136,13 +135,25 @@ def serve_process(*args: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
 
 
 def refused(response: httpx.Response, status: int, *words: str) -> dict:
-    """The body of an error answer: ``status``, the one-line error shape, naming each of ``words``."""
+    """The body of an error answer: ``status``, the one-line error shape with the status's type (the
+    table of errors), naming each of ``words``."""
     body = response.json()
     assert response.status_code == status, body
     assert set(body) == {"error", "error_type"} and "\n" not in body["error"], body
+    assert body["error_type"] == ERRORS[status].error_type, body
     assert all(w in body["error"] for w in words), body
     return body
 
 
 def config(*specs: ModelSpec, **limits: Any) -> ServeConfig:
     return ServeConfig(list(specs), limits=Limits(**limits))
+
+
+@contextmanager
+def client_for_app(app: Any) -> Iterator[Any]:
+    """A TestClient of a started app, once its models have loaded (or failed to)."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:
+        app.state.serve.done_loading.wait(30)
+        yield client

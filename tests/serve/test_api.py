@@ -27,7 +27,7 @@ from servers import (
 
 from scratchformer.cli import main
 from scratchformer.serve import ModelSpec, create_app
-from scratchformer.serve.models import load_served
+from scratchformer.serve.served import load_served
 
 SNAPSHOT = Path(__file__).parent / "openapi_shape.json"
 

@@ -12,7 +12,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import CLASSIFIER, SOURCES, TRANSLATION, SlowModel, client_for, config, png, refused
+from servers import (
+    CLASSIFIER,
+    SOURCES,
+    TRANSLATION,
+    SlowModel,
+    client_for,
+    client_for_app,
+    config,
+    png,
+    refused,
+)
 
 from scratchformer.serve import Limits, ModelSpec, ServeConfig, create_app
 
@@ -33,7 +43,10 @@ def translator():
         ({"inputs": ["a", " "]}, ["inputs[1] is empty"]),
         ({"inputs": ["a"] * 5}, ["max_items=4"]),
         ({"inputs": "ein Mann " * 20}, ["inputs[0] has", "max_input_tokens=12"]),
-        ({"inputs": "x", "parameters": {"beams": 2}}, ["unknown 'beams'"]),
+        (
+            {"inputs": "x", "parameters": {"beams": 2}},
+            ["unknown key 'beams'; did you mean num_beams or beam_size?"],
+        ),
         ({"inputs": "x", "parameters": {"num_beams": 0}}, ["num_beams must be an integer >= 1"]),
         ({"inputs": "x", "parameters": {"max_new_tokens": 21}}, ["max_new_tokens=20"]),
         ({"inputs": "x", "parameters": {"seed": 1}}, ["seed: only with do_sample"]),
@@ -124,26 +137,6 @@ def test_too_many_requests_in_flight_is_429(tmp_path: Path) -> None:
         model.gate.clear()
         answers = asyncio.run(_burst(app, model, 4))
     assert sorted(r.status_code for r in answers) == [200, 200, 429, 429]
-
-
-def client_for_app(app):
-    from fastapi.testclient import TestClient
-
-    client = TestClient(app)
-    client.__enter__()
-    app.state.serve.done_loading.wait(30)
-    return _Closing(client)
-
-
-class _Closing:
-    def __init__(self, client):
-        self.client = client
-
-    def __enter__(self):
-        return self.client
-
-    def __exit__(self, *exc):
-        self.client.__exit__(*exc)
 
 
 async def _burst(app, model: SlowModel, n: int) -> list[httpx.Response]:
@@ -295,28 +288,35 @@ async def _together(app, texts: list[str]) -> list[httpx.Response]:
 
 
 def test_a_classifier_checkpoint_served_as_int8_is_refused() -> None:
-    from scratchformer.serve.models import load_served
+    from scratchformer.serve.served import load_served
 
     with pytest.raises(ValueError, match="int8 is for translation models"):
         load_served(ModelSpec("imdb", str(CLASSIFIER), precision="int8"))
     assert SOURCES  # (the fixture sentences the other files translate)
 
 
-def test_the_kind_of_every_checkpoint_we_read_is_found(tmp_path: Path) -> None:
+def test_the_kind_of_every_checkpoint_we_read_is_found_and_served(tmp_path: Path) -> None:
     """Ours (the kind in config.json), a sentence-transformers folder, a Hugging Face
-    BertForSequenceClassification, a plain BERT (an encoder); a kind nobody serves is named."""
+    BertForSequenceClassification, a plain BERT (an encoder), each by the one checkpoint_kind, and
+    each served by its class (a masked-LM run's encoder as an embedding model)."""
     import transformers
 
     from scratchformer.formats.hf_bert import default_model_dir
-    from scratchformer.serve.models import detect_kind
+    from scratchformer.serve.served import SERVED, served_class
+    from scratchformer.tasks.shared import KINDS, checkpoint_kind
 
-    assert [detect_kind(str(p)) for p in (TRANSLATION, CLASSIFIER)] == ["translation", "text_classifier"]
+    assert [checkpoint_kind(str(p)) for p in (TRANSLATION, CLASSIFIER)] == ["translation", "text_classifier"]
     minilm = default_model_dir()  # all-MiniLM-L6-v2 (the test extra's package): modules.json
-    assert minilm is None or detect_kind(str(minilm)) == "embedding"
+    assert minilm is None or checkpoint_kind(str(minilm)) == "embedding"
     config = transformers.BertConfig(
         vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
     )
     transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "clf")
     transformers.BertModel(config).save_pretrained(tmp_path / "bert")
-    assert detect_kind(str(tmp_path / "clf")) == "text_classifier"
-    assert detect_kind(str(tmp_path / "bert")) == "embedding"
+    assert checkpoint_kind(str(tmp_path / "clf")) == "text_classifier"
+    assert checkpoint_kind(str(tmp_path / "bert")) == "embedding"
+    assert {kind: served_class(kind) for kind in KINDS} == {
+        **SERVED,
+        "masked_lm": SERVED["embedding"],
+    }
+    assert served_class("a_kind_nobody_serves") is None

@@ -17,11 +17,19 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from servers import CLASSIFIER, SOURCES, TRANSLATION, SlowModel, config, serve_process, wait_ready
+from servers import (
+    CLASSIFIER,
+    SOURCES,
+    TRANSLATION,
+    SlowModel,
+    config,
+    free_port,
+    serve_process,
+    wait_ready,
+)
 
 from benchmarks.serve_load import resident_mb
 from scratchformer.serve import ModelSpec, create_app
-from scratchformer.serve.server import free_port
 
 
 async def clients(url: str, n: int, concurrent: int) -> list[int]:

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import CLASSIFIER, serve_process
-
-from scratchformer.serve.server import free_port
+from servers import CLASSIFIER, free_port, serve_process
 
 TIMEOUTS = ["--limit", "head_timeout_s=1", "--limit", "body_timeout_s=1"]
 HEAD = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

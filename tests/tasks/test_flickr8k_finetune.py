@@ -224,7 +224,7 @@ def test_finetune_and_augment_errors_name_the_field() -> None:
     base = {"data": "flickr8k", "flickr8k_dir": "x"}
     with pytest.raises(ValueError, match="finetune: expected"):
         CaptioningRecipe(**base, finetune={"stages": 0}).validate()
-    with pytest.raises(ValueError, match="finetune: expected"):
+    with pytest.raises(ValueError, match="finetune: unknown key 'depth'; known: stages, lr, features"):
         CaptioningRecipe(**base, finetune={"stages": 1, "depth": 2}).validate()
     with pytest.raises(ValueError, match="finetune.lr must be a number >= 0"):
         CaptioningRecipe(**base, finetune={"stages": 1, "lr": -1}).validate()

@@ -293,7 +293,7 @@ def test_decoding_is_chosen_on_the_validation_set(tmp_path: Path) -> None:
         ([4], "decoding_grid: expected an object"),
         ({"beam_size": []}, "decoding_grid.beam_size: expected a non-empty list"),
         ({"beam_size": [0]}, "decoding.beam_size must be >= 1"),
-        ({"beams": [2]}, "unknown keys"),
+        ({"beams": [2]}, "decoding: unknown key 'beams'"),
     ],
 )
 def test_bad_decoding_grid_is_refused(tmp_path: Path, grid, message) -> None:

@@ -6,12 +6,14 @@ One module per concern, each command's parser beside the function that runs it:
     inference.py  translate, caption, classify, embed, similarity
     evaluate.py   evaluate (a classifier, a translator or a captioner)
     tools.py      demo, features, shapes, export, attention
+    serve.py      serve (the flags; the server is scratchformer.serve)
     options.py    what several commands share: integer types, the decoding flags, output lines
     paths.py      checks of the paths a command is given (missing inputs, outputs over inputs)
 
 Building the parser and checking the arguments need the standard library only: each command
 imports torch and the models inside the function that runs it, once its arguments are checked, so
-that --help, --version and a refusal answer at once (tests/cli/test_fast_cli.py).
+that --help, --version and a refusal answer at once (tests/cli/test_fast_cli.py). With __main__.py
+and the package's __init__.py it sits on top: it may import anything of the package.
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ import sys
 
 from scratchformer.cli.options import (
     add_generation_options,
-    checkpoint_kind,
     generation_options,
     positive,
     precision_autocast,
 )
-from scratchformer.cli.paths import refuse_output_over_input
+from scratchformer.cli.paths import refuse_output_over_input, require_checkpoint
 
 __all__ = ["add_evaluate"]
 
@@ -70,6 +69,10 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     _refuse_outputs_over_inputs(args)
+    for checkpoint in args.checkpoint:
+        require_checkpoint(checkpoint)  # a missing path: named before torch is imported
+    from scratchformer.tasks.shared.kinds import checkpoint_kind
+
     kinds = [checkpoint_kind(c) for c in args.checkpoint]
     kind = kinds[0]
     if len(kinds) > 1 and (len(set(kinds)) > 1 or kind not in ("captioning", "translation")):

@@ -9,15 +9,12 @@ import re
 import sys
 from pathlib import Path
 
-from scratchformer.cli.paths import require_checkpoint
-
 __all__ = [
     "add_generation_options",
     "add_progress_option",
     "add_threads_option",
     "check_common_flags",
     "check_device",
-    "checkpoint_kind",
     "generation_options",
     "non_negative",
     "positive",
@@ -278,7 +275,7 @@ def print_outputs(key: str, outputs: list, first: dict, as_json: bool, plain_pre
 
     best = outputs[0]
     if as_json:
-        from scratchformer.tasks.common import generated_answer
+        from scratchformer.tasks.shared import generated_answer
 
         print(json.dumps(generated_answer(key, outputs, first), ensure_ascii=False))
     elif len(outputs) == 1:
@@ -291,12 +288,3 @@ def print_outputs(key: str, outputs: list, first: dict, as_json: bool, plain_pre
 def _one_line(text: str) -> str:
     """Plain output is one line per answer: a line break inside one (sampling can draw it) becomes a space."""
     return " ".join(text.splitlines())
-
-
-def checkpoint_kind(checkpoint: str) -> str:
-    """The "kind" of model a checkpoint holds (:func:`scratchformer.tasks.common.checkpoint_kind`); a
-    missing path is named before torch is imported."""
-    require_checkpoint(checkpoint)
-    from scratchformer.tasks.common import checkpoint_kind as kind_of
-
-    return kind_of(checkpoint)

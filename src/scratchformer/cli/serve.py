@@ -51,6 +51,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         help="seconds /ready answers 503 after SIGTERM before the server stops (default 5)",
     )
     serve.add_argument(
+        "--root-path",
+        help="the path prefix a reverse proxy serves it under, e.g. /scratchformer (the proxy strips it; "
+        "the page and /docs use it)",
+    )
+    serve.add_argument(
         "--limit",
         action="append",
         default=[],
@@ -69,7 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.config:
         data = ServeConfig.from_file(args.config).__dict__.copy()
     data["models"] = [*data.get("models", []), *(ModelSpec.parse(t, args.precision) for t in args.checkpoint)]
-    for name in ("host", "port", "threads", "device", "api_key"):
+    for name in ("host", "port", "threads", "device", "api_key", "root_path"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
     if args.drain is not None:

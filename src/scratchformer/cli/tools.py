@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from scratchformer.cli.options import add_progress_option, add_threads_option, checkpoint_kind, positive, seed
+from scratchformer.cli.options import add_progress_option, add_threads_option, positive, seed
 from scratchformer.cli.paths import require_checkpoint
 
 __all__ = ["add_attention", "add_demo", "add_export", "add_features", "add_shapes"]
@@ -184,7 +185,7 @@ EXPORT_FORMATS = {  # what each kind of checkpoint can be written as
     "translation": ("hf", "ctranslate2", "onnx"),
     "text_classifier": ("hf", "onnx"),
     "masked_lm": ("hf", "onnx"),
-    "sentence_encoder": ("onnx",),
+    "embedding": ("onnx",),  # a sentence-transformers (or BERT-family) encoder
 }
 
 
@@ -220,9 +221,14 @@ def _export(args: argparse.Namespace) -> int:
     require_checkpoint(args.checkpoint)  # a missing path: named before torch is imported
 
     from scratchformer.formats.hf_files import check_new_directory
+    from scratchformer.tasks.shared.kinds import checkpoint_kind
 
     check_new_directory(args.out)  # before any loading
-    kind = _export_kind(args.checkpoint, args.format)
+    kind = checkpoint_kind(args.checkpoint)
+    if kind == "embedding" and args.format != "onnx":  # a Hugging Face directory: say what it is
+        raise ValueError(
+            _foreign_encoder(args.checkpoint) + "; as a sentence encoder it exports with --format onnx"
+        )
     if args.format not in EXPORT_FORMATS.get(kind, ()):
         offered = ", ".join(f"{k}: {'/'.join(v)}" for k, v in EXPORT_FORMATS.items())
         raise ValueError(f"{args.checkpoint}: a {kind!r} checkpoint has no {args.format} format ({offered})")
@@ -235,14 +241,12 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_kind(checkpoint: str, format: str) -> str:
-    """The checkpoint's kind; with --format onnx, a sentence-transformers (or BERT-family) directory
-    that is not ours is a sentence encoder."""
-    from scratchformer.tasks.sentence_embedding import is_sentence_encoder_dir
+def _foreign_encoder(checkpoint: str) -> str:
+    """What an encoder directory that is not ours holds, for ``export --format hf``'s refusal."""
+    from scratchformer.training.checkpoint import foreign_checkpoint, load_config
 
-    if format == "onnx" and is_sentence_encoder_dir(checkpoint):
-        return "sentence_encoder"
-    return checkpoint_kind(checkpoint)
+    config = load_config(checkpoint) if (Path(checkpoint) / "config.json").is_file() else {}
+    return foreign_checkpoint(checkpoint, config, "translation, text_classifier or masked_lm")
 
 
 def _export_translation(args: argparse.Namespace) -> tuple[object, str]:
@@ -294,7 +298,7 @@ _EXPORTERS = {
     "translation": _export_translation,
     "text_classifier": _export_classifier,
     "masked_lm": _export_masked_lm,
-    "sentence_encoder": _export_sentence_encoder,
+    "embedding": _export_sentence_encoder,
 }
 
 

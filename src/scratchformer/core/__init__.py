@@ -1,1 +1,1 @@
-"""The paper: every equation of sections 3.1-3.5 in one place. Imports torch and core/ only."""
+"""The paper: sections 3.1-3.5 (with the config and input checks). Imports core/ and torch only."""

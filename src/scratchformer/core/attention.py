@@ -21,9 +21,9 @@ from torch.nn import functional as F
 from scratchformer.core.checks import check_attention_inputs, check_kernel_inputs
 from scratchformer.core.masks import expand_attention_mask, fold_causal
 
-__all__ = ["MultiHeadAttention", "fuse_qkv", "scaled_dot_product_attention"]
+__all__ = ["HALF", "MultiHeadAttention", "fuse_qkv", "scaled_dot_product_attention"]
 
-_HALF = (torch.float16, torch.bfloat16)  # the softmax of these runs in fp32
+HALF = (torch.float16, torch.bfloat16)  # the softmax of these runs in fp32
 
 
 def scaled_dot_product_attention(
@@ -61,9 +61,8 @@ def scaled_dot_product_attention(
         scores = torch.matmul(q * scale, k.transpose(-2, -1))  # (B, H, T, S); scaled first: no fp16 overflow
         if mask is not None:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if scores.dtype in _HALF else None).to(
-            q.dtype
-        )
+        dtype = torch.float32 if scores.dtype in HALF else None  # the softmax of half precision in fp32
+        weights = torch.softmax(scores, dim=-1, dtype=dtype).to(q.dtype)
         out = torch.matmul(F.dropout(weights, dropout_p) if dropout_p > 0 else weights, v)
     else:
         out = F.scaled_dot_product_attention(
@@ -101,12 +100,8 @@ class MultiHeadAttention(nn.Module):
                 if num_heads <= 0
                 else f"d_model={d_model} must be divisible by num_heads={num_heads} (d_k = D / H)"
             )
-        self.d_model, self.num_heads, self.d_k, self.dropout = (
-            d_model,
-            num_heads,
-            d_model // num_heads,
-            dropout,
-        )
+        self.d_model, self.num_heads, self.dropout = d_model, num_heads, dropout
+        self.d_k = d_model // num_heads
         self.scale = self.d_k**-0.5  # 1 / sqrt(d_k)
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V], all heads
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
@@ -125,13 +120,20 @@ class MultiHeadAttention(nn.Module):
         for bias in (b for b in (self.qkv_proj.bias, self.out_proj.bias) if b is not None):
             nn.init.zeros_(bias)
 
-    def _project(self, x: Tensor, first: int, count: int) -> Tensor:
-        """x (B, L, D) times ``count`` blocks of [W^Q; W^K; W^V] from block ``first``: (B, L, count * D)."""
+    def project(self, x: Tensor, first: int, count: int) -> Tensor:
+        """x (B, L, D) times ``count`` blocks of [W^Q; W^K; W^V] from block ``first`` (0: W^Q, 1: W^K,
+        2: W^V), biases added: (B, L, count * D)."""
         rows, bias = slice(first * self.d_model, (first + count) * self.d_model), self.qkv_proj.bias
         return F.linear(x, self.qkv_proj.weight[rows], None if bias is None else bias[rows])
 
-    def _split_heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, d_k)
+    def split_heads(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> (B, H, L, d_k): head i is features [i * d_k, (i + 1) * d_k)."""
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.d_k).transpose(1, 2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The heads' attention as :meth:`forward` computes it (a subclass's kernel too): q (B, H, T,
+        d_k), k, v (B, H, S, d_k), ``mask`` bool (B|1, H|1, T|1, S), True = may attend -> (B, H, T, d_k)."""
+        return self._attend(q, k, v, mask, False, False)[0]
 
     def forward(
         self,
@@ -163,18 +165,18 @@ class MultiHeadAttention(nn.Module):
         if self_attention:
             q, k, v = self.qkv_proj(query).split(D, dim=-1)  # one matmul: (B, T, D) each
         else:
-            q = self._project(query, 0, 1)
+            q = self.project(query, 0, 1)
             if not reuse:  # keys and values of the memory: one matmul when key is value
                 k, v = (
-                    self._project(key, 1, 2).split(D, dim=-1)
+                    self.project(key, 1, 2).split(D, dim=-1)
                     if value is key
-                    else (self._project(key, 1, 1), self._project(value, 2, 1))
+                    else (self.project(key, 1, 1), self.project(value, 2, 1))
                 )
-        q = self._split_heads(q)  # (B, H, T, d_k)
+        q = self.split_heads(q)  # (B, H, T, d_k)
         if reuse:  # cross-attention: the memory was projected on the first step
             k, v = cache.k, cache.v
         else:
-            k, v = self._split_heads(k), self._split_heads(v)  # (B, H, S, d_k)
+            k, v = self.split_heads(k), self.split_heads(v)  # (B, H, S, d_k)
             if cache is not None and static_kv:
                 cache.k, cache.v = k, v
             elif cache is not None:
@@ -189,13 +191,7 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of the heads q (B, H, T, d_k) to k, v (B, H, S, d_k) (a speed path may override)."""
+        p = self.dropout if self.training else 0.0  # dropout on the probabilities
         return scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask,
-            is_causal=is_causal,
-            need_weights=need_weights,
-            dropout_p=self.dropout if self.training else 0.0,
-            scale=self.scale,
+            q, k, v, mask, is_causal=is_causal, need_weights=need_weights, dropout_p=p, scale=self.scale
         )

@@ -19,6 +19,7 @@ from scratchformer.core.embedding import (
     TokenEmbedding,
 )
 from scratchformer.core.encoder import Encoder, EncoderLayer
+from scratchformer.core.keys import reject_unknown
 from scratchformer.core.layer_norm import LayerNorm
 
 __all__ = ["ModelConfig"]
@@ -92,9 +93,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         """From ``to_dict``'s output (a checkpoint's config.json); an unknown field is an error."""
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"{cls.__name__}: unknown fields {unknown}")
+        reject_unknown(data, [f.name for f in dataclasses.fields(cls)], cls.__name__)
         return cls(**data)
 
     def build_embedding(self, vocab_size: int) -> TokenEmbedding:

@@ -81,6 +81,10 @@ class Transformer(nn.Module):
             self.dropout(self.src_pos(self.src_embed(src))), key_padding_mask=src_padding_mask
         )
 
+    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
+        """tgt (B, T) ids at positions offset, offset + 1, ... -> (B, T, D): embedding plus positions."""
+        return self.tgt_pos(self.tgt_embed(tgt), offset=offset)
+
     def decode(
         self,
         tgt: Tensor,
@@ -107,16 +111,9 @@ class Transformer(nn.Module):
             check_mask("tgt_padding_mask", tgt_padding_mask, [tuple(tgt.shape)], ["(B, L)"])
             if cache is not None:
                 raise ValueError("tgt_padding_mask is not supported with a cache (incremental decoding)")
-        x = self.dropout(self.tgt_pos(self.tgt_embed(tgt), offset=offset))
-        return self.generator(
-            self.decoder(
-                x,
-                memory,
-                tgt_key_padding_mask=tgt_padding_mask,
-                memory_key_padding_mask=src_padding_mask,
-                cache=cache,
-            )
-        )
+        x = self.dropout(self.embed_target(tgt, offset))
+        masks = dict(tgt_key_padding_mask=tgt_padding_mask, memory_key_padding_mask=src_padding_mask)
+        return self.generator(self.decoder(x, memory, **masks, cache=cache))
 
     def forward(
         self,

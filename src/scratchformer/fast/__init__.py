@@ -14,7 +14,9 @@ switches them on, in place::
                                                   packs real tokens (attention per sequence
                                                   on CPU); hooks anywhere: the readable path
 
-The KV cache's growing buffer, the other speed path, lives with decoding in ``generation/``.
+Beside them, ``quantized``: int8 copies of a model for CPU serving, close to core/ rather than equal
+(tests/fast/test_quantized.py). The KV cache's growing buffer, the other speed path, lives with
+decoding in ``generation/``. Imports core/ only.
 """
 
 from __future__ import annotations

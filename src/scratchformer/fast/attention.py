@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from scratchformer.core.attention import _HALF, MultiHeadAttention, scaled_dot_product_attention
+from scratchformer.core.attention import HALF, MultiHeadAttention, scaled_dot_product_attention
 from scratchformer.core.masks import expand_attention_mask
 from scratchformer.fast.packing import Packing
 
@@ -97,7 +97,7 @@ def packed_self_attention(attn: MultiHeadAttention, x: Tensor, lengths: list[int
 class FastMultiHeadAttention(MultiHeadAttention):
     """:class:`MultiHeadAttention` (same parameters) whose single query in bf16/fp16 on CPU (a
     decoding step with the KV cache) attends by the core's explicit formula in fp32: ATen's fused
-    CPU kernel takes 1.6-2.3x as long there at 24-64 keys (``scripts/fast_path_micro.py``), and
+    CPU kernel takes 1.6-2.3x as long there at 24-64 keys (``benchmarks/fast_path_micro.py``), and
     fp32 scores are also more exact."""
 
     def _attend(
@@ -105,7 +105,7 @@ class FastMultiHeadAttention(MultiHeadAttention):
     ) -> tuple[Tensor, Tensor | None]:
         if (
             q.shape[-2] == 1
-            and q.dtype in _HALF
+            and q.dtype in HALF
             and q.device.type == "cpu"
             and not (self.training and self.dropout)
         ):

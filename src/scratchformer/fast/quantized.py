@@ -37,7 +37,7 @@ class QuantizedMultiHeadAttention(FastMultiHeadAttention):
     q_proj: nn.Module
     kv_proj: nn.Module
 
-    def _project(self, x: Tensor, first: int, count: int) -> Tensor:
+    def project(self, x: Tensor, first: int, count: int) -> Tensor:
         """x (B, L, D) times ``count`` blocks of [W^Q; W^K; W^V] from block ``first``: (B, L, count * D)."""
         D = self.d_model
         if (first, count) == (0, 1):
@@ -47,7 +47,7 @@ class QuantizedMultiHeadAttention(FastMultiHeadAttention):
         if first >= 1 and first + count <= 3:  # W^K and/or W^V: the memory's keys and values
             kv = self.kv_proj(x)  # (B, L, 2D)
             return kv if count == 2 else kv[..., (first - 1) * D : first * D]
-        raise ValueError(f"_project: blocks {first}..{first + count - 1} are not a block of [W^Q; W^K; W^V]")
+        raise ValueError(f"project: blocks {first}..{first + count - 1} are not a block of [W^Q; W^K; W^V]")
 
 
 def _linear(weight: Tensor, bias: Tensor | None) -> nn.Linear:

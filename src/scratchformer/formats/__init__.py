@@ -4,4 +4,4 @@ BERT family; ``hf_classifier``: ``BertForSequenceClassification``; ``hf_generati
 translator's generation config and model card), Marian and its pre-LN sibling Pegasus (``marian``,
 with ``marian_layout``), CTranslate2 (``ctranslate2_export``) and ONNX (``onnx_export``: the
 encoder models; ``onnx_translator``: the encoder-decoder). It sits beside ``models/``, above it:
-a format knows the models it converts, a model knows no format."""
+a format knows the models it converts, a model knows no format. Imports core/, files/ and models/."""

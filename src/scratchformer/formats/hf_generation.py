@@ -25,6 +25,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from scratchformer.core.keys import reject_unknown
 from scratchformer.core.transformer import TransformerConfig
 from scratchformer.formats.hf_files import CheckpointError
 
@@ -62,11 +63,7 @@ def hf_generation_config(decoding: dict[str, Any], special: dict[str, int], max_
     left out: :data:`DEFAULT_DECODING`), with special ids pad / bos (the decoder start) / eos and
     ``max_len`` positions. An unknown key, a beam size or length rule out of range: a ValueError.
     The length penalty is written for beam search only (greedy search reads it back as 1.0)."""
-    unknown = sorted(set(decoding) - set(DEFAULT_DECODING) - set(SAME_NAMES))
-    if unknown:
-        raise ValueError(
-            f"decoding: {unknown} cannot be exported (known: {[*DEFAULT_DECODING, *SAME_NAMES]})"
-        )
+    reject_unknown(decoding, [*DEFAULT_DECODING, *SAME_NAMES], "decoding")
     d = {**DEFAULT_DECODING, **decoding}
     beams = d["beam_size"]
     if isinstance(beams, bool) or not isinstance(beams, numbers.Integral) or beams < 1:

@@ -210,7 +210,7 @@ class _TextGraph(nn.Module):
         if self.kind == "text_classifier":
             logits = self.model(input_ids, mask, token_type_ids)
             return logits, logits.softmax(dim=-1)
-        if self.kind == "sentence_encoder":
+        if self.kind == "embedding":
             hidden = self.model(input_ids, mask, token_type_ids)
             return (pool(hidden, mask, self.pooling, self.normalize),)
         return (self.model.head(self.model.encoder(input_ids, mask, token_type_ids)),)  # masked LM
@@ -292,7 +292,7 @@ def export_sentence_encoder_onnx(
     if pooling not in POOLING_MODES:
         raise ValueError(f"pooling: expected one of {POOLING_MODES}, got {pooling!r}")
     outputs = {"sentence_embedding": "float32 (batch, width)" + (", unit length" if normalize else "")}
-    graph = _TextGraph(export_copy(encoder), "sentence_encoder", pooling, normalize)
+    graph = _TextGraph(export_copy(encoder), "embedding", pooling, normalize)
     extra = {"pooling": pooling, "normalize": normalize}
     return _export_text_model(graph, encoder, tokenizer, directory, outputs, extra)
 
@@ -316,6 +316,8 @@ def read_description(directory: str | Path, kinds: Sequence[str]) -> dict[str, A
         description = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(description, dict) and description.get("kind") == "sentence_encoder":
+        description["kind"] = "embedding"  # what exports before 0.12 called a sentence encoder
     if not isinstance(description, dict) or description.get("kind") not in kinds:
         kind = description.get("kind") if isinstance(description, dict) else None
         raise ValueError(f"{path}: an export of kind {kind!r}, expected one of {list(kinds)}")
@@ -333,7 +335,7 @@ class OnnxTextModel:
     """
 
     def __init__(self, directory: str | Path, threads: int = 0):
-        self.description = read_description(directory, ("text_classifier", "sentence_encoder", "masked_lm"))
+        self.description = read_description(directory, ("text_classifier", "embedding", "masked_lm"))
         self.session = onnx_session(Path(directory) / self.description["model"], threads)
         settings = self.settings = self.description["tokenizer"]
         self.tokenizer = Tokenizer.from_file(str(Path(directory) / settings["file"]))

@@ -79,8 +79,8 @@ class _EncoderGraph(nn.Module):
         out = [memory]
         for layer in self.model.decoder.layers:  # W^K and W^V of the cross-attention, as its first step
             attn = layer.cross_attn
-            k, v = attn._project(memory, 1, 2).split(attn.d_model, dim=-1)
-            out += [attn._split_heads(k), attn._split_heads(v)]  # (B, H, S, d_k) each
+            k, v = attn.project(memory, 1, 2).split(attn.d_model, dim=-1)
+            out += [attn.split_heads(k), attn.split_heads(v)]  # (B, H, S, d_k) each
         return tuple(out)
 
 

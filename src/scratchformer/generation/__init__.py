@@ -1,6 +1,8 @@
-"""Generation: the key/value cache, greedy decoding, beam search and sampling, and :func:`generate`
-over all of them by a :class:`GenerationConfig`, and :class:`Ensemble` (several models decoding as
-one). Imports core/ only."""
+"""Generation: the key/value cache, the step rules (repetition, n-grams, prefix, length), greedy
+decoding, beam search (the readable one and ``fast_beam_search`` with its decoder step) and
+sampling, and :func:`generate` over all of them by a :class:`GenerationConfig`; :class:`Ensemble`
+(several models decoding as one) and ``scoring`` (a hypothesis scored as the beam ranks it; two
+engines' outputs compared up to ties). Imports core/ only."""
 
 from scratchformer.generation.beam import Hypothesis, beam_search
 from scratchformer.generation.cache import DecoderCache, DecoderLayerCache, KVCache

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from scratchformer.generation.interface import EncoderDecoder, check_logits, max_decode_length, start_decoding
-from scratchformer.generation.rules import StepRules
+from scratchformer.generation.hypotheses import Finished, Hypothesis, check_n_best, out_of_reach
+from scratchformer.generation.interface import EncoderDecoder, check_logits, start_decoding
+from scratchformer.generation.rules import StepRules, default_rules
 
 __all__ = ["Hypothesis", "beam_search"]
-
-
-@dataclass
-class Hypothesis:
-    """A finished beam: the tokens (ending with EOS, without BOS), the model's summed
-    log-probability of them, and the length-normalised score that ranks it,
-    ``log_prob / len(tokens) ** length_penalty`` with the log-probabilities as the step rules left
-    them (they differ from the model's only under a repetition penalty)."""
-
-    tokens: list[int]
-    log_prob: float
-    score: float
 
 
 @torch.no_grad()
@@ -45,12 +32,11 @@ def beam_search(
     Each sentence keeps ``beam_size`` live hypotheses. At each step the 2k best extensions are
     ranked; an extension ending in EOS among the top k becomes a finished hypothesis (and stops
     growing), the best k others stay live. Finished hypotheses are ranked by
-    ``log_prob / length ** length_penalty`` (fairseq's length penalty; 0 = raw log-probability,
-    larger favours longer output). A sentence is done when it has ``beam_size`` finished
-    hypotheses and its best live one, normalised at the current length, scores no better than the
-    worst of them (Hugging Face's rule; stopping at the first k finished, as fairseq does, can
-    lock in short junk from an undertrained model). At the length limit (``a * S + b`` new
-    tokens) every live hypothesis is ended with EOS. With ``beam_size=1`` this is greedy search.
+    ``log_prob / length ** length_penalty`` (:func:`~scratchformer.generation.hypotheses.normalised`).
+    A sentence is done when it has ``beam_size`` finished hypotheses none of its live ones can beat
+    (:func:`~scratchformer.generation.hypotheses.out_of_reach`, Hugging Face's rule). At the length
+    limit (``a * S + b`` new tokens) every live hypothesis is ended with EOS. With ``beam_size=1``
+    this is greedy search.
 
     Args:
         src: (B, S) source token ids.
@@ -62,44 +48,31 @@ def beam_search(
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
     """
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"need 1 <= n_best <= beam_size, got n_best={n_best}, beam_size={beam_size}")
+    check_n_best(n_best, beam_size)
     memory, src_padding_mask, cache = start_decoding(model, src, bos_id, eos_id, src_padding_mask)
-    if rules is None:
-        rules = StepRules.plain(
-            bos_id,
-            eos_id,
-            model.config.pad_id,
-            src.shape[0],
-            max_decode_length(model, src.shape[1], max_len_a, max_len_b),
-            src.device,
-        )
+    rules = default_rules(model, src, bos_id, eos_id, max_len_a, max_len_b) if rules is None else rules
     B, k, device = src.shape[0], beam_size, src.device
     rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,) the sentence of each beam
-    memory = memory[rows]
-    src_padding_mask = None if src_padding_mask is None else src_padding_mask[rows]
+    memory, src_padding_mask = memory[rows], None if src_padding_mask is None else src_padding_mask[rows]
     tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # one live beam at the start, or the k beams would all be the same
     log_prob = torch.zeros(B * k, device=device)  # the model's own, before the rules: reported
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    done = [False] * B
+    finished, done = [Finished(k, length_penalty) for _ in range(B)], [False] * B
     for step in range(rules.steps):
         logits = model.decode(tokens[:, -1:], memory, src_padding_mask, cache=cache)[:, -1].float()
         check_logits(logits, step)
         model_log_probs = torch.log_softmax(logits, dim=-1)
         log_probs = rules(model_log_probs, tokens, step, rows)  # (B*k, V)
         ranked = _best_extensions(scores, log_prob, log_probs, model_log_probs, k)
-        keep_beam, keep_token, new_scores, new_log_prob = _next_beams(
-            ranked, tokens, finished, done, eos_id, length_penalty, step
-        )
+        beam, token, new_scores, new_log_prob = _next_beams(ranked, tokens, finished, done, eos_id, step)
         if all(done):
             break
-        index = (torch.arange(B)[:, None] * k + keep_beam).view(-1).to(device)
+        index = (torch.arange(B)[:, None] * k + beam).view(-1).to(device)
         cache.reorder(index)  # each kept beam continues from the beam it extends
-        tokens = torch.cat([tokens[index], keep_token.view(-1, 1).to(device)], dim=1)
+        tokens = torch.cat([tokens[index], token.view(-1, 1).to(device)], dim=1)
         scores, log_prob = new_scores.to(device), new_log_prob.view(-1).to(device)
-    return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+    return [hyps.best(n_best) for hyps in finished]
 
 
 Extension = tuple[
@@ -124,10 +97,9 @@ def _best_extensions(
 def _next_beams(
     ranked: list[list[Extension]],
     tokens: Tensor,
-    finished: list[list[Hypothesis]],
+    finished: list[Finished],
     done: list[bool],
     eos_id: int,
-    length_penalty: float,
     step: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Every sentence not yet ``done`` takes its step (:func:`_advance`, which updates ``finished``
@@ -140,41 +112,27 @@ def _next_beams(
     for b in range(B):
         if done[b]:
             continue
-        live, done[b] = _advance(
-            ranked[b], tokens[b * k : (b + 1) * k], finished[b], k, eos_id, length_penalty, step
-        )
+        live, done[b] = _advance(ranked[b], tokens[b * k : (b + 1) * k], finished[b], k, eos_id, step)
         for i, (beam, token, score, lp) in enumerate(live):
             keep_beam[b, i], keep_token[b, i], new_scores[b, i], new_log_prob[b, i] = beam, token, score, lp
     return keep_beam, keep_token, new_scores, new_log_prob
 
 
 def _advance(
-    ranked: list[Extension],
-    beams: Tensor,
-    finished: list[Hypothesis],
-    k: int,
-    eos_id: int,
-    length_penalty: float,
-    step: int,
+    ranked: list[Extension], beams: Tensor, finished: Finished, k: int, eos_id: int, step: int
 ) -> tuple[list[tuple[int, int, float, float]], bool]:
     """One sentence's step: its ``ranked`` extensions, best first, of its k ``beams`` (k, t) tokens.
     An extension ending in EOS among the top k joins ``finished``; the best k others stay live.
     Returns the live ones, (beam, token, score, log_prob), and whether the sentence is done: no live
-    extension, or k finished hypotheses none of the live ones can beat."""
+    extension, or k finished hypotheses none of the live ones can beat (:func:`out_of_reach`)."""
     live: list[tuple[int, int, float, float]] = []
     for rank, (score, beam, token, lp) in enumerate(ranked):
         if score == float("-inf") or len(live) == k:
             break
         if token == eos_id:
             if rank < k:  # only EOS among the k best extensions ends a hypothesis
-                hyp = beams[beam, 1:].tolist() + [eos_id]
-                finished.append(Hypothesis(hyp, lp, score / len(hyp) ** length_penalty))
+                finished.add(beams[beam, 1:].tolist() + [eos_id], lp, score)
             continue
         live.append((beam, token, score, lp))
-    done = not live
-    if len(finished) >= k:  # stop when no live hypothesis can beat the k finished ones
-        finished.sort(key=lambda h: -h.score)
-        del finished[k:]
-        best_live = (live[0][2] if live else float("-inf")) / (step + 1) ** length_penalty
-        done = done or best_live <= finished[-1].score
-    return live, done
+    finished.prune()
+    return live, not live or out_of_reach(live[0][2], step + 1, finished.length_penalty, finished.worst)

@@ -1,6 +1,9 @@
 """One decoding step of the decoder stack for :func:`~scratchformer.generation.fast_beam_search`:
 the computation of :class:`~scratchformer.core.decoder.DecoderLayer` (same modules, same formula),
-for one new token per row, written for the fewest operations a step can take.
+for one new token per row, written for the fewest operations a step can take. It reads the core
+through its public seams: the model's ``embed_target``
+(:class:`~scratchformer.generation.interface.EmbedsTarget`), each attention's ``project``,
+``split_heads`` and ``attend``, the layers' modules.
 
 - Rows are (N, D), never (N, 1, D): a step's attention of one query per row and head is a batched
   matrix-vector product whose (N, H, d_k) output *is* the (N, D) input of W^O, with no transpose.
@@ -8,7 +11,10 @@ for one new token per row, written for the fewest operations a step can take.
   (:class:`SelfCache`); a step writes its position and reads the filled part.
 - The encoder's keys/values, (B * H, S, d_k), are projected once per layer and never replicated:
   a sentence's beams are the queries of one attention ("beamable" matmul, fairseq's and
-  CTranslate2's); the padding mask is a (B * H, 1, S) additive bias, 0 or -inf.
+  CTranslate2's). The padding mask (bool, True = may attend) is used in its additive form, a
+  (B * H, 1, S) bias of 0 where True and -inf where False, made once per search: the form a batched
+  product adds in the same call (``torch.baddbmm``), no masked copy of the scores per step; a
+  sentence with no real token attends to zeroed values, so gets the core's zeros.
 - Each linear map multiplies by a copy of W made once per weight version, as CTranslate2 packs its
   weights: in fp32 on the CPU, W in oneDNN's packed layout for oneDNN's GEMM (CTranslate2's SGEMM
   backend on AMD CPUs; faster than MKL's at a step's 5 to 160 rows on an AVX2 EPYC), with the
@@ -16,7 +22,10 @@ for one new token per row, written for the fewest operations a step can take.
   against W's (out, in) rows. An int8 linear map (dynamic quantization) runs its FBGEMM operator
   directly, the ReLU fused; any other module is called as it is.
 - fp32 attention is the explicit formula (ATen's fused CPU kernel takes up to 2.5x as long for 1
-  to 5 queries); bf16/fp16 attend as the layer does (:meth:`MultiHeadAttention._attend`).
+  to 5 queries); bf16/fp16 attend as the layer does (:meth:`MultiHeadAttention.attend`).
+
+Torch's private names are read in four functions only, each saying why: ``_weight_version``,
+``_onednn_pack`` and ``_onednn_product``, and ``_int8`` (tests/generation/test_no_private_access.py).
 """
 
 from __future__ import annotations
@@ -32,21 +41,17 @@ from torch.nn import functional as F
 from scratchformer.core.attention import MultiHeadAttention
 from scratchformer.core.decoder import DecoderLayer
 from scratchformer.core.feedforward import ACTIVATIONS, PositionwiseFeedForward
-from scratchformer.generation.interface import EncoderDecoder
+from scratchformer.generation.interface import EncoderDecoder, QueryMap, target_embedding
 
-__all__ = ["DecoderStep", "SelfCache", "embedder"]
+__all__ = ["DecoderStep", "SelfCache"]
 
-Embedder = Callable[[Tensor, int], Tensor]  # (tokens (N, 1), position) -> (N, 1, D)
 Affine = Callable[[Tensor], Tensor]  # x (N, in) -> (N, out)
 
 
-def embedder(model: EncoderDecoder) -> Embedder | None:
-    """The target side's embedding plus positions, as the model's ``decode`` feeds them."""
-    if hasattr(model, "tgt_embed") and hasattr(model, "tgt_pos"):  # Transformer
-        return lambda tokens, offset: model.tgt_pos(model.tgt_embed(tokens), offset=offset)
-    if hasattr(model, "embed") and hasattr(model, "pos"):  # CaptioningTransformer
-        return lambda tokens, offset: model.pos(model.embed(tokens), offset=offset)
-    return None
+def _weight_version(weight: Tensor) -> int:
+    """How often ``weight`` was changed in place (-2: an inference tensor, which has no count).
+    Torch's version counter, what autograd checks saved tensors against: no public name gives it."""
+    return -2 if weight.is_inference() else weight._version
 
 
 # What a step multiplies by, made once per weight and kept by id of the weight (dropped with it),
@@ -59,7 +64,7 @@ def _kept(weight: Tensor, key: tuple, make: Callable[[], Tensor]) -> Tensor:
     version, kept = _KEPT.get(id(weight), (-1, {}))
     if id(weight) not in _KEPT:
         weakref.finalize(weight, _KEPT.pop, id(weight), None)
-    now = -2 if weight.is_inference() else weight._version  # (an inference tensor has no version)
+    now = _weight_version(weight)
     if version != now:
         version, kept = now, {}
         _KEPT[id(weight)] = (version, kept)
@@ -80,9 +85,17 @@ def _onednn(weight: Tensor) -> bool:
     )
 
 
-def _packed(weight: Tensor, first: int, rows: int) -> Tensor:
+# oneDNN's packed GEMM has no public torch API: these two call the private ops torch's own CPU
+# compiler (inductor) emits for a linear map with a constant weight.
+def _onednn_pack(weight: Tensor, first: int, rows: int) -> Tensor:
     """W[first : first + rows] in oneDNN's layout for products of a few rows (the hint: 5)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach()[first : first + rows].contiguous(), 5)
+
+
+def _onednn_product(packed: Tensor, bias: Tensor | None, relu: bool) -> Affine:
+    """x (N, in) -> x W^T + b by oneDNN with W ``packed`` (``_onednn_pack``), then ReLU if ``relu``."""
+    attr = "relu" if relu else "none"
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, attr, [], "")
 
 
 def affine(linear: nn.Module, first: int = 0, rows: int | None = None, relu: bool = False) -> Affine:
@@ -90,37 +103,42 @@ def affine(linear: nn.Module, first: int = 0, rows: int | None = None, relu: boo
     ReLU if ``relu``, for a plain :class:`nn.Linear` or an int8 one; any other module is called.
     In fp32 on the CPU by oneDNN's GEMM with W packed once (as CTranslate2 on AMD CPUs); else by
     x @ W^T with W^T kept contiguous."""
-    if type(linear) is DynamicQuantizedLinear and linear._packed_params.dtype == torch.qint8:
-        return _int8(linear, relu)
+    int8 = _int8(linear, relu) if type(linear) is DynamicQuantizedLinear else None
+    if int8 is not None:
+        return int8
     if type(linear) is not nn.Linear:
         return (lambda x: F.relu(linear(x))) if relu else linear
     weight, bias = linear.weight, linear.bias
     rows = weight.shape[0] - first if rows is None else rows
     b = None if bias is None else bias[first : first + rows]
     if _onednn(weight):
-        packed = _kept(weight, ("oneDNN", first, rows), lambda: _packed(weight, first, rows))
-        attr = "relu" if relu else "none"
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, attr, [], "")
+        packed = _kept(weight, ("oneDNN", first, rows), lambda: _onednn_pack(weight, first, rows))
+        return _onednn_product(packed, b, relu)
     w_t = _kept(weight, ("T", first, rows), lambda: weight[first : first + rows].t().contiguous())
     product = (lambda x: x @ w_t) if b is None else (lambda x: torch.addmm(b, x, w_t))
     return (lambda x: F.relu(product(x))) if relu else product
 
 
-def _int8(linear: DynamicQuantizedLinear, relu: bool) -> Affine:
+def _int8(linear: DynamicQuantizedLinear, relu: bool) -> Affine | None:
     """An int8 linear map (dynamic quantization) by its operator, as its ``forward`` calls it (the
-    input quantized to 7 bits from version 4 on), with the ReLU fused where asked."""
-    packed = linear._packed_params._packed_params
-    reduce_range = not (linear.version is None or linear.version < 4)
+    input quantized to 7 bits from version 4 on), with the ReLU fused where asked; None for another
+    dtype (fp16: its ``forward``). Its packed weight has no public name: ``forward`` reads the same."""
+    params = linear._packed_params
+    if params.dtype != torch.qint8:
+        return None
+    packed, reduce_range = params._packed_params, not (linear.version is None or linear.version < 4)
     op = torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic
     return lambda x: op(x, packed, reduce_range)
 
 
 def _query_map(attn: MultiHeadAttention) -> Affine:
-    """W^Q (and its bias) of ``attn``: the first D rows of the core's stacked [W^Q; W^K; W^V], or the
-    int8 layer's own ``q_proj``."""
-    if type(attn)._project is MultiHeadAttention._project:
+    """W^Q (and its bias) of ``attn``: the layer's own map (:class:`QueryMap`, an int8 layer's), or
+    the first D rows of the core's stacked [W^Q; W^K; W^V], or else the layer's ``project``."""
+    if isinstance(attn, QueryMap):
+        return affine(attn.q_proj)
+    if type(attn.qkv_proj) is nn.Linear:
         return affine(attn.qkv_proj, 0, attn.d_model)
-    return affine(attn.q_proj)  # QuantizedMultiHeadAttention
+    return lambda y: attn.project(y, 0, 1)
 
 
 def _feed_forward(ff: nn.Module) -> Affine:
@@ -167,8 +185,8 @@ def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, bias: Ten
     :func:`~scratchformer.core.attention.scaled_dot_product_attention` writes it (q scaled first),
     as three batched products; in bf16/fp16 as the layer attends."""
     if q.dtype not in (torch.float32, torch.float64):
-        mask = None if bias is None else (bias == 0)[:, None]
-        return attn._attend(q[:, None], k[:, None], v[:, None], mask, False, False)[0][:, 0]
+        mask = None if bias is None else (bias == 0)[:, None]  # back to bool, True = may attend
+        return attn.attend(q[:, None], k[:, None], v[:, None], mask)[:, 0]
     q = q * attn.scale
     k_t = k.transpose(1, 2)
     scores = torch.bmm(q, k_t) if bias is None else torch.baddbmm(bias, q, k_t)
@@ -230,8 +248,8 @@ class _Layer:
 def _memory_kv(attn: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor]:
     """The memory (B, S, D) projected to keys and values, once: (B * H, S, d_k) each, a sentence's
     H heads in consecutive groups."""
-    k, v = attn._project(memory, 1, 2).split(attn.d_model, dim=-1)
-    return attn._split_heads(k).flatten(0, 1).contiguous(), attn._split_heads(v).flatten(0, 1).contiguous()
+    k, v = attn.project(memory, 1, 2).split(attn.d_model, dim=-1)
+    return attn.split_heads(k).flatten(0, 1).contiguous(), attn.split_heads(v).flatten(0, 1).contiguous()
 
 
 class DecoderStep:
@@ -239,7 +257,7 @@ class DecoderStep:
     live rows, on the memory (B, S, D) of B sentences and its padding mask (B, S), True = real."""
 
     def __init__(self, model: EncoderDecoder, memory: Tensor, mask: Tensor | None, rows: int, length: int):
-        embed = embedder(model)
+        embed = target_embedding(model)
         if embed is None:
             raise TypeError(f"DecoderStep: {type(model).__name__} has no known target embedding")
         self.embed = embed
@@ -248,13 +266,21 @@ class DecoderStep:
         self.generator = affine(model.generator)
         self.memory_kv = [_memory_kv(layer.cross_attn, memory) for layer in self.layers]
         self.heads = self.layers[0].cross_attn.num_heads if self.layers else 1
-        # (B * H, 1, S): 0 where a key may be attended, -inf where it is padding
-        self.bias = None
-        if mask is not None and not bool(mask.all()):
-            bias = torch.zeros(mask.shape, dtype=memory.dtype, device=memory.device)
-            bias.masked_fill_(~mask, float("-inf"))
-            self.bias = bias.repeat_interleave(self.heads, dim=0)[:, None, :]
+        self.bias = None if mask is None or bool(mask.all()) else self._additive(mask, memory.dtype)
         self.caches = [SelfCache(rows, length) for _ in self.layers]
+
+    def _additive(self, mask: Tensor, dtype: torch.dtype) -> Tensor:
+        """The padding mask (B, S), True = may attend, in its additive form (module docstring): a
+        (B * H, 1, S) bias, 0 where True and -inf where False. A sentence with no real token attends
+        to every key and gets zeros, as the core's rule has it (docs/masks.md): its bias is 0 and its
+        memory values are zeroed, so that its attention is exactly 0."""
+        empty = ~mask.any(dim=1)  # (B,)
+        if bool(empty.any()):
+            mask, groups = mask | empty[:, None], empty.repeat_interleave(self.heads)
+            for _, v in self.memory_kv:
+                v[groups] = 0.0
+        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        return bias.repeat_interleave(self.heads, dim=0)[:, None, :]
 
     def __call__(self, tokens: Tensor, t: int, beams: int) -> Tensor:
         """tokens (N, 1), the token at position t of each row, ``beams`` rows per sentence ->

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from scratchformer.generation.beam import Hypothesis
 from scratchformer.generation.config import GenerationConfig
 from scratchformer.generation.fast_beam import fast_beam_search
+from scratchformer.generation.hypotheses import Hypothesis, normalised
 from scratchformer.generation.interface import EncoderDecoder, max_decode_length
 from scratchformer.generation.rules import StepRules
 from scratchformer.generation.stepwise import decode_stepwise
@@ -48,6 +48,33 @@ def _prefixes(
     return lists
 
 
+def _rules(
+    model: EncoderDecoder,
+    src: Tensor,
+    config: GenerationConfig,
+    prefix: Sequence[int] | Sequence[Sequence[int]] | None,
+) -> StepRules:
+    """The rules of ``config`` for src (B, S) with the forced ``prefix``, the number of new tokens
+    checked against the room the model's max_len leaves."""
+    prefixes = _prefixes(prefix, src.shape[0], model, config)
+    longest = max(len(p) for p in prefixes)
+    room = model.config.max_len - 1 - longest  # decoder positions left after BOS + prefix
+    if room < 1:
+        raise ValueError(
+            f"prefix: {longest} tokens leave no room within the model's max_len={model.config.max_len}"
+        )
+    wanted = config.max_new_tokens or max_decode_length(
+        model, src.shape[1], config.max_len_a, config.max_len_b
+    )
+    new_tokens = min(wanted, room)
+    if config.min_new_tokens >= new_tokens:
+        raise ValueError(
+            f"min_new_tokens={config.min_new_tokens} must be < the {new_tokens} new tokens allowed here "
+            "(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)"
+        )
+    return StepRules(config, model.config.pad_id, prefixes, new_tokens, src.device)
+
+
 def generate(
     model: EncoderDecoder,
     src: Tensor,
@@ -59,6 +86,12 @@ def generate(
 ) -> list[list[Hypothesis]]:
     """Decode a batch by ``config``: beam search if ``num_beams > 1``, else sampling if
     ``do_sample``, else greedy search; always with the key/value cache.
+
+    Beam search is :func:`~scratchformer.generation.fast_beam.fast_beam_search` under every rule;
+    it runs the readable :func:`~scratchformer.generation.beam_search` only where
+    :func:`~scratchformer.generation.fast_beam.reference_reason` gives the reason: an
+    :class:`~scratchformer.generation.Ensemble`, a model in training mode, a decoder of other layers
+    than :class:`~scratchformer.core.decoder.DecoderLayer`, or within ``readable_beam_search()``.
 
     Args:
         model: a Transformer or CaptioningTransformer in eval mode.
@@ -80,26 +113,7 @@ def generate(
         the best first for beam search, in drawing order for samples.
     """
     config = config or GenerationConfig()
-    B = src.shape[0]
-    prefixes = _prefixes(prefix, B, model, config)
-    room = (
-        model.config.max_len - 1 - max(len(p) for p in prefixes)
-    )  # decoder positions left after BOS + prefix
-    if room < 1:
-        raise ValueError(
-            f"prefix: {max(len(p) for p in prefixes)} tokens leave no room within the model's "
-            f"max_len={model.config.max_len}"
-        )
-    wanted = config.max_new_tokens or max_decode_length(
-        model, src.shape[1], config.max_len_a, config.max_len_b
-    )
-    new_tokens = min(wanted, room)
-    if config.min_new_tokens >= new_tokens:
-        raise ValueError(
-            f"min_new_tokens={config.min_new_tokens} must be < the {new_tokens} new tokens allowed here "
-            "(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)"
-        )
-    rules = StepRules(config, model.config.pad_id, prefixes, new_tokens, src.device)
+    rules = _rules(model, src, config, prefix)
     if config.num_beams > 1:  # the reference's search, doing only the work it must (fast_beam.py)
         return fast_beam_search(
             model,
@@ -112,7 +126,20 @@ def generate(
             n_best=config.num_return_sequences,
             rules=rules,
         )
-    n = config.num_return_sequences
+    return _stepwise(model, src, config, rules, seed, src_padding_mask, on_step)
+
+
+def _stepwise(
+    model: EncoderDecoder,
+    src: Tensor,
+    config: GenerationConfig,
+    rules: StepRules,
+    seed: int | None,
+    src_padding_mask: Tensor | None,
+    on_step: Callable[[Tensor], None] | None,
+) -> list[list[Hypothesis]]:
+    """Greedy search or sampling for :func:`generate` (its arguments): n hypotheses per source."""
+    B, n = src.shape[0], config.num_return_sequences
     generators = None
     if config.do_sample and seed is not None:
         generators = [
@@ -126,5 +153,5 @@ def generate(
         ids = ids[: ids.index(config.eos_token_id) + 1]
         if row % n == 0:
             out.append([])
-        out[-1].append(Hypothesis(ids, lp, lp / len(ids) ** config.length_penalty))
+        out[-1].append(Hypothesis(ids, lp, normalised(lp, len(ids), config.length_penalty)))
     return out

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from scratchformer.generation.interface import EncoderDecoder, max_decode_length
-from scratchformer.generation.rules import StepRules
+from scratchformer.generation.interface import EncoderDecoder
+from scratchformer.generation.rules import default_rules
 from scratchformer.generation.stepwise import decode_stepwise
 
 __all__ = ["greedy_decode"]
@@ -42,14 +42,7 @@ def greedy_decode(
         :func:`~scratchformer.generation.generate` offers the other options (prefix, n-gram and
         repetition rules, minimum length).
     """
-    rules = StepRules.plain(
-        bos_id,
-        eos_id,
-        model.config.pad_id,
-        src.shape[0],
-        max_decode_length(model, src.shape[1], max_len_a, max_len_b),
-        src.device,
-    )
+    rules = default_rules(model, src, bos_id, eos_id, max_len_a, max_len_b)
     tokens, _, logits = decode_stepwise(
         model, src, rules, src_padding_mask=src_padding_mask, use_cache=use_cache, return_logits=return_logits
     )

@@ -10,15 +10,24 @@ and benchmarks only.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from scratchformer.core.decoder import Decoder
 from scratchformer.generation.cache import DecoderCache
 
-__all__ = ["EncoderDecoder", "check_logits", "max_decode_length", "start_decoding"]
+__all__ = [
+    "EmbedsTarget",
+    "EncoderDecoder",
+    "QueryMap",
+    "check_logits",
+    "max_decode_length",
+    "start_decoding",
+    "target_embedding",
+]
 
 
 class EncoderDecoder(Protocol):
@@ -41,6 +50,32 @@ class EncoderDecoder(Protocol):
         *,
         cache: DecoderCache | None = None,
     ) -> Tensor: ...
+
+
+@runtime_checkable
+class EmbedsTarget(Protocol):
+    """An encoder-decoder that gives its decoder's input apart (:class:`~scratchformer.Transformer`, the
+    captioning Transformer): what :class:`~scratchformer.generation.fast_step.DecoderStep` needs
+    besides the decoder stack."""
+
+    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
+        """tgt (B, T) ids at positions offset, offset + 1, ... -> (B, T, D), before dropout."""
+        ...
+
+
+@runtime_checkable
+class QueryMap(Protocol):
+    """An attention layer with its W^Q as a linear map of its own, ``q_proj`` (D -> D), beside the
+    stacked [W^Q; W^K; W^V] (:class:`~scratchformer.fast.quantized.QuantizedMultiHeadAttention`:
+    int8 rows cannot be sliced): a decoding step projects its queries with it."""
+
+    q_proj: nn.Module
+
+
+def target_embedding(model: object) -> Callable[[Tensor, int], Tensor] | None:
+    """``model``'s decoder input for tokens (N, T) at position ``offset``, as its ``decode`` computes
+    it in eval mode: :meth:`EmbedsTarget.embed_target`; None for a model without it."""
+    return model.embed_target if isinstance(model, EmbedsTarget) else None
 
 
 def max_decode_length(model: EncoderDecoder, src_len: int, max_len_a: float, max_len_b: int) -> int:

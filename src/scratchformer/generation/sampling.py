@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from scratchformer.generation.interface import EncoderDecoder, max_decode_length
-from scratchformer.generation.rules import StepRules
+from scratchformer.generation.interface import EncoderDecoder
+from scratchformer.generation.rules import default_rules
 from scratchformer.generation.stepwise import decode_stepwise
 
 __all__ = ["sample_decode"]
@@ -46,15 +46,8 @@ def sample_decode(
     """
     if num_samples < 1 or not temperature > 0:
         raise ValueError(f"num_samples must be >= 1 and temperature > 0, got {num_samples} and {temperature}")
-    rules = StepRules.plain(
-        bos_id,
-        eos_id,
-        model.config.pad_id,
-        src.shape[0],
-        max_decode_length(model, src.shape[1], max_len_a, max_len_b),
-        src.device,
-        do_sample=True,
-        temperature=temperature,
-        num_return_sequences=num_samples,
-    )
+    rules = default_rules(
+        model, src, bos_id, eos_id, max_len_a, max_len_b,
+        do_sample=True, temperature=temperature, num_return_sequences=num_samples,
+    )  # fmt: skip
     return decode_stepwise(model, src, rules, src_padding_mask=src_padding_mask, generators=generator)[0]

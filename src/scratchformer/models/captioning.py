@@ -171,6 +171,11 @@ class CaptioningTransformer(nn.Module):
                 x = x + self.region_positions
         return self.encoder(self.dropout(x))
 
+    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
+        """tgt (B, T) caption ids at positions offset, offset + 1, ... -> (B, T, D): embedding plus
+        positions, before dropout."""
+        return self.pos(self.embed(tgt), offset=offset)
+
     def decode(
         self, captions: Tensor, memory: Tensor, src_padding_mask: Tensor | None = None, cache: Any = None
     ) -> Tensor:
@@ -183,7 +188,7 @@ class CaptioningTransformer(nn.Module):
                 f"captions: length {offset + captions.shape[1]} exceeds max_len={self.config.max_len}"
             )
         check_features("memory", memory, "(B, N, D)", self.config.d_model, batch=captions.shape[0])
-        x = self.dropout(self.pos(self.embed(captions), offset=offset))
+        x = self.dropout(self.embed_target(captions, offset))
         return self.generator(self.decoder(x, memory, memory_key_padding_mask=src_padding_mask, cache=cache))
 
     def forward(

@@ -11,13 +11,14 @@ come from the data, never from the input tokens, and the head has ``num_classes`
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from scratchformer.core.keys import reject_unknown
 from scratchformer.models.contextual import ContextualEncoder, EncoderConfig
 from scratchformer.models.pooling import POOLING_MODES, pool
 
@@ -54,9 +55,7 @@ class ClassifierConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:
-        unknown = sorted(set(data) - {"encoder", "num_classes", "pooling", "head_dropout"})
-        if unknown:
-            raise ValueError(f"ClassifierConfig: unknown fields {unknown}")
+        reject_unknown(data, [f.name for f in fields(cls)], cls.__name__)
         return cls(**data)
 
 

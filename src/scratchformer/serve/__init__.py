@@ -1,6 +1,6 @@
 """``scratchformer serve``: trained models behind HTTP, with micro-batching, limits, metrics and a
 web page that shows their attention. A room above the tasks' Python API, which it calls and never
-bypasses.
+bypasses: of the package it imports tasks/ and generation/ only.
 
     from scratchformer.serve import ServeConfig, ModelSpec, create_app
     app = create_app(ServeConfig([ModelSpec("de-en", "runs/multi30k/best")]))   # then uvicorn.run(app)
@@ -20,8 +20,8 @@ _WHERE = {
     "Limits": "config",
     "ModelSpec": "config",
     "ServeConfig": "config",
-    "ServedModel": "models",
-    "load_served": "models",
+    "ServedModel": "served",
+    "load_served": "served",
     "create_app": "app",
 }
 

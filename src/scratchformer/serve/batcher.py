@@ -21,18 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scratchformer.serve.config import Limits
+from scratchformer.serve.errors import Overloaded
 from scratchformer.serve.metrics import Metrics
-from scratchformer.serve.models import Options, ServedModel
+from scratchformer.serve.served import Options, ServedModel
 
-__all__ = ["Job", "MicroBatcher", "Overloaded"]
-
-
-class Overloaded(Exception):
-    """The queue is full: answer 429 and ask the client to come back in ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message)
-        self.retry_after = retry_after
+__all__ = ["Job", "MicroBatcher"]
 
 
 @dataclass(eq=False)

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scratchformer.core.keys import reject_unknown
+
 __all__ = ["Limits", "ModelSpec", "ServeConfig"]
 
-KINDS = ("translation", "text_classifier", "captioning", "embedding")
 PRECISIONS = ("fp32", "bf16", "int8")
 A_DAY = 86_400  # the longest any of the server's waits may be, in seconds
 MAX_THREADS = 1024
@@ -71,8 +72,11 @@ class ModelSpec:
         check_types(self, "a model's ")
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError(f"model name {self.name!r}: use letters, digits, '-', '_' and '.'")
-        if self.kind is not None and self.kind not in KINDS:
-            raise ValueError(f"model {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind is not None:
+            from scratchformer.tasks.shared.kinds import KINDS  # (loads the formats: only when named)
+
+            if self.kind not in KINDS:
+                raise ValueError(f"model {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(
                 f"model {self.name!r}: precision must be one of {PRECISIONS}, got {self.precision!r}"
@@ -95,7 +99,9 @@ class ModelSpec:
 class ServeConfig:
     """The server: its models, address, threads and limits; ``api_key``: requests to /v1/ need
     ``Authorization: Bearer KEY``; ``cors_origins``: the browser origins allowed to call it (none:
-    CORS off); ``drain_s``: after SIGTERM, how long /ready answers 503 while requests still run."""
+    CORS off); ``drain_s``: after SIGTERM, how long /ready answers 503 while requests still run;
+    ``root_path``: the path prefix a proxy serves it under (``/scratchformer``: the proxy forwards
+    ``/scratchformer/v1/...`` as ``/v1/...``), as uvicorn's ``--root-path``."""
 
     models: list[ModelSpec]
     host: str = "127.0.0.1"
@@ -105,6 +111,7 @@ class ServeConfig:
     api_key: str | None = None
     cors_origins: list[str] = field(default_factory=list)
     drain_s: float = 5.0
+    root_path: str = ""
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -123,6 +130,13 @@ class ServeConfig:
             raise ValueError(f"threads must be in 1..{MAX_THREADS}, got {self.threads}")
         if not 0 <= self.drain_s <= A_DAY:
             raise ValueError(f"drain_s must be 0 to {A_DAY} seconds, got {self.drain_s}")
+        if self.root_path and not (
+            self.root_path.startswith("/") and not self.root_path.endswith("/") and "//" not in self.root_path
+        ):
+            raise ValueError(
+                f"root_path must be a path such as /scratchformer (one leading '/', none at the end), "
+                f"got {self.root_path!r}"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServeConfig:
@@ -155,12 +169,10 @@ class ServeConfig:
 
 
 def _known(data: Any, cls: type, what: str) -> None:
+    """``data`` is a mapping of ``cls``'s fields (:func:`~scratchformer.core.checks.reject_unknown`)."""
     if not isinstance(data, dict):
         raise ValueError(f"{what}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise ValueError(f"{what}: unknown key {unknown[0]!r}; expected some of {sorted(fields)}")
+    reject_unknown(data, [f.name for f in dataclasses.fields(cls)], what)
 
 
 def check_types(config: Any, where: str = "") -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from scratchformer.serve.config import Limits
+from scratchformer.serve.errors import error_body
 
 __all__ = ["BodyTimeout", "GuardedHttp"]
 
@@ -113,7 +114,7 @@ class GuardedHttp(HttpToolsProtocol):
             self.cycle.keep_alive = False  # answer the request in flight, then close
         elif self.head_bytes:
             seconds = self.limits.head_timeout_s
-            self._refuse(408, "timeout", f"the request's head did not arrive within head_timeout_s={seconds}")
+            self._refuse(408, f"the request's head did not arrive within head_timeout_s={seconds}")
         else:
             self.transport.close()  # a connection that never sent a byte: no answer is expected
 
@@ -121,9 +122,9 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _refuse_large_head(self) -> None:
         limit = self.limits.max_head_bytes
-        self._refuse(431, "too_large", f"the request's head is over max_head_bytes={limit}")
+        self._refuse(431, f"the request's head is over max_head_bytes={limit}")
 
-    def _refuse(self, status: int, error_type: str, message: str) -> None:
+    def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` with the server's one-line JSON error and close the connection: first
         our side, then, after the client's further bytes were read and dropped for up to
         ``LINGER_S``, all of it (closed with bytes unread, it would reset before the answer is read)."""
@@ -131,7 +132,7 @@ class GuardedHttp(HttpToolsProtocol):
             return
         self.refused = True
         self._stop_head_timer()
-        body = json.dumps({"error": message, "error_type": error_type}).encode()
+        body = json.dumps(error_body(status, message)).encode()
         head = [STATUS_LINE[status]]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body)]
@@ -176,7 +177,7 @@ class BodyTimeout:
         await self.app(scope, receive_in_time, send_closing_if_late)
         if timed_out and not started:
             error = f"the request's body stopped arriving for body_timeout_s={self.seconds}"
-            await _send_json(send, 408, {"error": error, "error_type": "timeout"})
+            await _send_json(send, 408, error_body(408, error))
 
 
 async def _send_json(send: Any, status: int, body: dict) -> None:

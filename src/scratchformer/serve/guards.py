@@ -1,8 +1,8 @@
 """What stands between a client and the models: the API key (Bearer, compared in constant time,
 checked from the request's head before its body is read), the body-size limit (413, counted as the
 body arrives, so a lying or missing Content-Length does not get past it), the content type a route
-reads (415; a JSON body parsed off the event loop), and the one shape of every error, from any
-route or middleware: ``{"error": "...", "error_type": ...}``."""
+reads (415; a JSON body parsed off the event loop). Their refusals have the one shape of every error
+(:mod:`~scratchformer.serve.errors`)."""
 
 from __future__ import annotations
 
@@ -10,47 +10,14 @@ import hmac
 import json
 from typing import Any
 
-from fastapi import FastAPI, Request, params
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi import Request, params
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 
-from scratchformer.serve.parameters import RequestError
+from scratchformer.serve.errors import RequestError, error_response
 
-__all__ = [
-    "BodyLimit",
-    "CheckedRoute",
-    "RequireKey",
-    "add_error_handlers",
-    "error_response",
-    "require_media_type",
-    "route_path",
-]
-
-ERROR_TYPES = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "too_large",
-    415: "unsupported_media_type",
-    422: "validation",
-    429: "overloaded",
-    499: "client_closed",
-    500: "internal",
-    503: "unavailable",
-    504: "timeout",
-}
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": message, "error_type": ERROR_TYPES.get(status, "error")},
-        status_code=status,
-        headers=headers,
-    )
+__all__ = ["BodyLimit", "CheckedRoute", "RequireKey", "require_media_type", "route_path"]
 
 
 class BodyLimit:
@@ -176,56 +143,3 @@ class ThreadedJsonRequest(Request):
             body = await self.body()
             self._json = await run_in_threadpool(json.loads, body)
         return self._json
-
-
-def one_line(errors: list[dict[str, Any]]) -> str:
-    """Pydantic's validation errors as one line naming the fields: "inputs: Field required; ..."."""
-    parts = []
-    for e in errors[:3]:
-        if e.get("type") == "json_invalid":  # FastAPI's loc: ("body", the character)
-            problem = (e.get("ctx") or {}).get("error", "invalid")
-            parts.append(f"body: not valid JSON ({problem} at character {e['loc'][-1]})")
-            continue
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
-    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "; ".join(parts) + more
-
-
-def sse(data: Any, event: str | None = None) -> str:
-    """One server-sent event."""
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def add_error_handlers(app: FastAPI) -> None:
-    """Every error in one shape, ``{"error": "...", "error_type": "..."}``: the routes' own, a
-    route or method that does not exist, a body that fails validation, and any failure."""
-    from scratchformer.serve.batcher import Overloaded
-
-    @app.exception_handler(RequestError)
-    async def refused(request: Request, e: RequestError) -> JSONResponse:
-        return error_response(e.status, str(e))
-
-    @app.exception_handler(Overloaded)
-    async def overloaded(request: Request, e: Overloaded) -> JSONResponse:
-        return error_response(429, str(e), {"Retry-After": str(e.retry_after)})
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        return error_response(422, one_line(list(e.errors())))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        where = f"{request.method} {request.url.path}"
-        if e.status_code == 404:
-            message = f"not found: {where} (GET /docs lists the routes)"
-        elif e.status_code == 405:
-            message = f"method not allowed: {where}; allowed: {(e.headers or {}).get('Allow', '')}"
-        else:
-            message = f"{where}: {e.detail}"
-        return error_response(e.status_code, message, e.headers)
-
-    @app.exception_handler(Exception)
-    async def failed(request: Request, e: Exception) -> JSONResponse:  # (a bug: logged, then this answer)
-        return error_response(500, f"internal error: {type(e).__name__}")

@@ -12,7 +12,7 @@ from fastapi import UploadFile
 from starlette.concurrency import run_in_threadpool
 
 from scratchformer.serve.config import Limits
-from scratchformer.serve.parameters import RequestError
+from scratchformer.serve.errors import RequestError
 
 __all__ = ["Upload", "check_images"]
 

@@ -86,10 +86,17 @@ class MeasureRequests:
 def route_template(scope: dict) -> str:
     """The template of the app's route that matches the request's path ("/v1/translate"; a wrong
     method still names its route), or "unmatched"."""
+    return _template(scope["app"].router.routes, scope)
+
+
+def _template(routes: list, scope: dict) -> str:
     from starlette.routing import Match
 
-    for route in scope["app"].router.routes:
+    for route in routes:
         match, _ = route.matches(scope)
         if match != Match.NONE:
-            return getattr(route, "path", "unmatched")
+            included = getattr(
+                route, "original_router", None
+            )  # (recent FastAPI keeps an included router whole)
+            return _template(included.routes, scope) if included else getattr(route, "path", "unmatched")
     return "unmatched"

@@ -1,26 +1,97 @@
-"""What a request may ask: the range of every request parameter (:data:`RANGES`; the Serve guide's
-table), so that no value a client sends can overflow, exhaust memory or divide by zero in a model;
-texts that are valid Unicode; and :class:`RequestError`, which a refused request raises with its
-HTTP status and a one-line message naming the problem."""
+"""What a request may ask of a model that decodes: :class:`GenerationParameters`, every decoding
+parameter with its type and range, the one place the bounds are written (the OpenAPI document shows
+them, FastAPI's validation enforces them, :data:`RANGES` and the Serve guide's table repeat them), so
+that no value a client sends can overflow, exhaust memory or divide by zero in a model; and texts
+that are valid Unicode."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_BEAMS", "RANGES", "Range", "RequestError", "check_text", "shown", "token_ranges"]
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from scratchformer.core.keys import unknown_keys
+from scratchformer.serve.errors import RequestError
 
-class RequestError(ValueError):
-    """A request the server refuses: its HTTP ``status`` (400 to 504) and a one-line message."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
+__all__ = [
+    "MAX_BEAMS",
+    "RANGES",
+    "GenerationParameters",
+    "Range",
+    "check_text",
+    "range_of",
+    "shown",
+    "token_ranges",
+]
 
 MAX_BEAMS = 16  # beams (or samples) per input: each is a row of the batch, with its memory and time
+
+
+class GenerationParameters(BaseModel):
+    """A request's decoding options: :class:`~scratchformer.generation.GenerationConfig`'s fields,
+    ``seed`` and ``prefix``; what a request leaves out is the recipe's decoding. The bounds keep
+    scores finite (``length ** length_penalty``, ``logits / temperature``, a penalty's product),
+    beams in memory and a seed within torch's generator (``seed + j`` for sample j);
+    ``max_new_tokens`` and ``min_new_tokens`` are also bounded by the server's limit
+    (:func:`token_ranges`). Types are strict: ``true`` is no number, ``2.0`` no integer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    num_beams: int = Field(
+        None, ge=1, le=MAX_BEAMS, description="1: greedy search or sampling (or beam_size)"
+    )
+    num_return_sequences: int = Field(None, ge=1, le=MAX_BEAMS, description="at most num_beams for beams")
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="at most the server's limit max_new_tokens; null: max_len_a * S + max_len_b"
+    )
+    min_new_tokens: int = Field(None, ge=0, description="below the server's max_new_tokens and each budget")
+    max_len_a: float = Field(None, ge=0, le=100, description="the budget max_len_a * S + max_len_b")
+    max_len_b: int = Field(None, ge=0, le=100_000)
+    length_penalty: float = Field(None, ge=-10, le=10, description="beams ranked by log_prob / length ** it")
+    do_sample: bool = Field(None, description="draw each token instead of taking the best")
+    temperature: float = Field(None, ge=0.01, le=100)
+    top_k: int = Field(None, ge=0, le=1_000_000, description="0: every token")
+    top_p: float = Field(None, gt=0, le=1)
+    repetition_penalty: float = Field(None, ge=0.01, le=100, description="1: off")
+    no_repeat_ngram_size: int = Field(None, ge=0, le=100, description="0: off")
+    seed: int = Field(None, ge=0, le=2**63 - 1, description="only with do_sample")
+    prefix: str = Field(None, description="the output's start; its tokens leave room within max_len")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        """An unknown name is refused naming the known ones; ``beam_size`` is ``num_beams``."""
+        if not isinstance(data, dict):
+            raise PydanticCustomError("model_type", "expected a JSON object, got {got}", {"got": shown(data)})
+        problem = unknown_keys(data, [*cls.model_fields, "beam_size"])
+        if problem:
+            raise PydanticCustomError("unknown_parameter", "{problem}", {"problem": problem})
+        if "beam_size" in data:
+            data = {**data, "num_beams": data["beam_size"]}
+            del data["beam_size"]
+        return data
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _in_range(cls, value: Any, handler: Any, info: Any) -> Any:
+        """A value of the wrong type or out of its range: "must be an integer >= 1 and <= 16, got 0"."""
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError(
+                "must_be",
+                "must be {allowed}, got {got}",
+                {"allowed": _allowed(info.field_name), "got": shown(value)},
+            ) from None
+
+    def given(self) -> dict[str, Any]:
+        """The parameters the request gave (``beam_size`` as ``num_beams``)."""
+        return self.model_dump(exclude_unset=True)
 
 
 @dataclass(frozen=True)
@@ -48,7 +119,29 @@ class Range:
 
     def __str__(self) -> str:
         kind = "an integer" if self.integer else "a number"
-        return f"{kind} {'>' if self.above else '>='} {_number(self.low)} and <= {_number(self.high)}"
+        low = f"{kind} {'>' if self.above else '>='} {_number(self.low)}"
+        return low if math.isinf(self.high) else f"{low} and <= {_number(self.high)}"
+
+
+def range_of(name: str) -> Range | None:
+    """The range :class:`GenerationParameters` declares for a numeric parameter (an open top:
+    ``high`` infinite), or None for another one."""
+    field = GenerationParameters.model_fields[name]
+    bounds = {type(m): m for m in field.metadata}
+    low = bounds.get(annotated_types.Ge) or bounds.get(annotated_types.Gt)
+    if low is None:
+        return None
+    high = bounds.get(annotated_types.Le)
+    above = isinstance(low, annotated_types.Gt)
+    integer = int in (field.annotation, *getattr(field.annotation, "__args__", ()))
+    return Range(low.gt if above else low.ge, high.le if high else math.inf, integer, above)
+
+
+def _allowed(name: str) -> str:
+    allowed = range_of(name)
+    if allowed is not None:
+        return str(allowed) + (" (or null)" if name == "max_new_tokens" else "")
+    return {"do_sample": "true or false", "prefix": "a string"}[name]
 
 
 def _number(x: float) -> str:
@@ -62,22 +155,12 @@ def shown(value: Any, most: int = 40) -> str:
 
 
 RANGES: dict[str, Range] = {
-    "num_beams": Range(1, MAX_BEAMS, integer=True),
-    "num_return_sequences": Range(1, MAX_BEAMS, integer=True),
-    "max_len_a": Range(0, 100),
-    "max_len_b": Range(0, 100_000, integer=True),
-    "length_penalty": Range(-10, 10),
-    "temperature": Range(0.01, 100),
-    "top_k": Range(0, 1_000_000, integer=True),
-    "top_p": Range(0, 1, above=True),
-    "repetition_penalty": Range(0.01, 100),
-    "no_repeat_ngram_size": Range(0, 100, integer=True),
-    "seed": Range(0, 2**63 - 1, integer=True),
+    name: allowed
+    for name in GenerationParameters.model_fields
+    if (allowed := range_of(name)) is not None and not math.isinf(allowed.high)
 }
 """The range of every numeric request parameter but the two the server's ``max_new_tokens`` limit
-bounds (:func:`token_ranges`): wide enough for any decoding worth asking for, narrow enough that
-scores stay finite (``length ** length_penalty``, ``logits / temperature``, a penalty's product),
-beams fit in memory and a seed fits torch's generator (``seed + j`` for sample j)."""
+bounds (:func:`token_ranges`), as :class:`GenerationParameters` declares them."""
 
 
 def token_ranges(limit: int) -> dict[str, Range]:

@@ -9,14 +9,9 @@ from __future__ import annotations
 import functools
 import logging
 import socket
-import subprocess
 import sys
 import threading
-import time
 import traceback
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
 
 import uvicorn
 
@@ -25,7 +20,7 @@ from scratchformer.serve.config import ServeConfig
 from scratchformer.serve.connections import BodyTimeout, GuardedHttp
 from scratchformer.serve.state import ServerState
 
-__all__ = ["EXIT_BAD_MODEL", "EXIT_BUG", "free_port", "run_server", "spawn"]
+__all__ = ["EXIT_BAD_MODEL", "EXIT_BUG", "run_server"]
 
 EXIT_BAD_MODEL = 2  # a model that cannot be loaded from its checkpoint: bad input, as in every command
 EXIT_BUG = 1  # a model that failed to load for another reason: a bug
@@ -68,6 +63,7 @@ def run_server(config: ServeConfig, debug: bool = False) -> int:
             BodyTimeout(app, config.limits.body_timeout_s),
             http=functools.partial(GuardedHttp, limits=config.limits),
             log_level="info",
+            root_path=config.root_path,
             timeout_graceful_shutdown=int(config.limits.timeout_s) + 1,
         ),
         state,
@@ -115,36 +111,3 @@ def _bad_checkpoint(error: BaseException | None) -> bool:
     from safetensors import SafetensorError
 
     return isinstance(error, (ValueError, TypeError, OSError, ImportError, SafetensorError))
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free now (for :func:`spawn`)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(args: Sequence[str], port: int, seconds: float = 300, **popen: object) -> subprocess.Popen:
-    """``scratchformer serve ARGS --port PORT`` as a process of its own (``popen``: its
-    ``subprocess.Popen`` options), returned once its /ready answers 200 (for benchmarks, scripts
-    and tests). A process that exits first, or is not ready in ``seconds``, is a RuntimeError."""
-    options = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True, **popen}
-    command = [sys.executable, "-m", "scratchformer", "serve", *args, "--port", str(port)]
-    server = subprocess.Popen(command, **options)  # type: ignore[call-overload]
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pipe = server.stderr or server.stdout
-            said = pipe.read() if pipe else ""
-            raise RuntimeError(f"the server exited ({server.returncode}): {said[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
-                if answer.status == 200:
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.1)
-    server.kill()
-    raise RuntimeError(f"the server was not ready within {seconds:.0f} s")

@@ -5,11 +5,14 @@ model, the requests in flight, and whether it is draining."""
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-from scratchformer.serve.batcher import MicroBatcher, Overloaded
+from scratchformer.serve.batcher import MicroBatcher
 from scratchformer.serve.config import ServeConfig
+from scratchformer.serve.errors import Overloaded, RequestError
 from scratchformer.serve.metrics import Metrics
-from scratchformer.serve.models import RequestError, ServedModel, load_served
+from scratchformer.serve.served import ServedModel, load_served
 
 __all__ = ["ServerState"]
 
@@ -81,13 +84,24 @@ class ServerState:
             raise RequestError(400 if fit else 404, f"model: {which} ({endpoint})")
         return fit[0]
 
-    def enter(self) -> None:
-        """A request starts: 429 over ``max_concurrency`` requests in flight."""
+    def label(self, name: object, endpoint: str) -> str | None:
+        """The model a request is for, as the metrics label it, or None if it names none that fits:
+        what :meth:`model_for` would answer, without its errors (for a request refused before)."""
+        try:
+            return self.model_for(name if isinstance(name, str) else None, endpoint).name
+        except RequestError:
+            return None
+
+    @asynccontextmanager
+    async def admitted(self) -> AsyncIterator[None]:
+        """A request in flight, for as long as the block runs: 429 (:class:`Overloaded`) over
+        ``max_concurrency`` requests in flight."""
         if self.in_flight >= self.limits.max_concurrency:
             raise Overloaded(
                 f"{self.in_flight} requests in flight (max_concurrency {self.limits.max_concurrency})"
             )
         self.in_flight += 1
-
-    def leave(self) -> None:
-        self.in_flight -= 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1

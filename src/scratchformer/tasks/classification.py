@@ -39,7 +39,7 @@ from scratchformer.formats.hf_files import write_export
 from scratchformer.formats.onnx_export import export_classifier_onnx
 from scratchformer.models.classifier import POOLINGS, ClassifierConfig, TextClassifier
 from scratchformer.models.contextual import EncoderConfig
-from scratchformer.tasks.common import TrainingRun, check_batch, check_files, check_model_fields, check_range
+from scratchformer.tasks.shared import TrainingRun, check_batch, check_files, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed, resolve_device
 from scratchformer.training.checkpoint import (
     foreign_checkpoint,
@@ -255,7 +255,7 @@ class ClassifierRecipe(Recipe):
 
 
 class ClassifierRun(TrainingRun):
-    """:func:`train_classifier`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the labelled
+    """:func:`train_classifier`'s run (:class:`~scratchformer.tasks.shared.TrainingRun`): the labelled
     texts, a tokenizer and a TextClassifier (new, or on a pretrained encoder); then the chosen
     checkpoint (best, or the average of the last ``average_last``) on the test file."""
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from scratchformer.core.transformer import Transformer, TransformerConfig
 from scratchformer.fast import optimize
 from scratchformer.generation import greedy_decode
-from scratchformer.tools.attention_maps import record_attention
+from scratchformer.viz.attention_maps import record_attention
 
 __all__ = [
     "DemoAttention",

@@ -35,7 +35,7 @@ from scratchformer.formats.hf_bert import bert_problems, masked_lm_export
 from scratchformer.formats.hf_files import write_export
 from scratchformer.models.contextual import EncoderConfig
 from scratchformer.models.masked_lm import MaskedLanguageModel
-from scratchformer.tasks.common import TrainingRun, check_model_fields, check_range
+from scratchformer.tasks.shared import TrainingRun, check_model_fields, check_range
 from scratchformer.training import TrainConfig, distributed
 from scratchformer.training.checkpoint import load_checked, open_checkpoint, resolve_checkpoint
 from scratchformer.training.precision import at_least_fp32
@@ -257,7 +257,7 @@ class MLMRecipe(Recipe):
 
 
 class MLMRun(TrainingRun):
-    """:func:`pretrain_mlm`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the texts (a
+    """:func:`pretrain_mlm`'s run (:class:`~scratchformer.tasks.shared.TrainingRun`): the texts (a
     held-out slice for the masked-token metrics), WordPiece and a MaskedLanguageModel; then the best
     checkpoint exported as a BERT directory, ``out_dir/encoder``."""
 

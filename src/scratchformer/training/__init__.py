@@ -1,4 +1,6 @@
-"""The training engine shared by all tasks: trainer, schedules, checkpoints, metrics, torchrun."""
+"""The training engine shared by all tasks: trainer, schedules, checkpoints, metrics, recipes,
+torchrun. It knows no model, task or data module (a task hands it a loss and an evaluation):
+imports files/ only."""
 
 from scratchformer.training import distributed
 from scratchformer.training.checkpoint import load_config, load_training_state, load_weights, save_checkpoint

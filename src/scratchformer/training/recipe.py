@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import numbers
@@ -15,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from scratchformer.core.keys import reject_unknown
 from scratchformer.training.trainer import TrainConfig
 
 __all__ = ["Recipe", "apply_sets", "load_recipe", "parse_set", "resolve_data_path"]
@@ -30,17 +30,13 @@ def load_recipe(cls: type[R], path: str | Path | None, sets: Sequence[str] = (),
     source = str(path) if path is not None else "recipe"
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a recipe is a JSON object, got {type(data).__name__}")
-    fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"{source}: unknown recipe fields {unknown}{_close(unknown, fields)}")
+    reject_unknown(data, [f.name for f in dataclasses.fields(cls)], source)  # type: ignore[arg-type]
     data = apply_sets(cls, data, sets)
     if not isinstance(data.get("train", {}), dict):
         raise ValueError(f"{source}: 'train' must be an object")
-    fields = [f.name for f in dataclasses.fields(TrainConfig)]
-    unknown = sorted(set(data.get("train", {})) - set(fields))
-    if unknown:
-        raise ValueError(f"{source}: unknown fields under 'train': {unknown}{_close(unknown, fields)}")
+    reject_unknown(
+        data.get("train", {}), [f.name for f in dataclasses.fields(TrainConfig)], f"{source}: train"
+    )
     train = dict(data.pop("train", {}), **overrides.pop("train", {}))
     return cls(**{**data, **overrides}, train=TrainConfig(**train))  # type: ignore[call-arg]
 
@@ -114,7 +110,7 @@ def apply_sets(cls: type, data: dict[str, Any], sets: Sequence[str]) -> dict[str
         path, value = parse_set(text)
         if path[0] not in defaults and path[0] in defaults.get("train", {}):
             raise ValueError(f"--set {text}: {path[0]} is a field of the train section: train.{text}")
-        _check_known(path[0], defaults, f"--set {text}: unknown recipe field")
+        reject_unknown({path[0]: value}, defaults, f"--set {text}")
         if len(path) == 1:
             data[path[0]] = value
             continue
@@ -125,7 +121,7 @@ def apply_sets(cls: type, data: dict[str, Any], sets: Sequence[str]) -> dict[str
             )
         data[path[0]] = section = dict(section)
         if path[0] == "train":
-            _check_known(path[1], defaults["train"], f"--set {text}: unknown field under 'train'")
+            reject_unknown({path[1]: value}, defaults["train"], f"--set {text}: train")
         for depth, name in enumerate(path[1:-1], start=1):
             inner = section.get(name, {})
             if not isinstance(inner, dict) or path[0] == "train":
@@ -145,19 +141,6 @@ def _defaults(cls: type) -> dict[str, Any]:
             value = None if f.default is dataclasses.MISSING else f.default
         defaults[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
     return defaults
-
-
-def _check_known(name: str, known: dict[str, Any], message: str) -> None:
-    if name not in known:
-        raise ValueError(
-            f"{message}: {name!r}{_close([name], list(known)) or ' (known: ' + ', '.join(known) + ')'}"
-        )
-
-
-def _close(names: list[str], known: list[str]) -> str:
-    """ "; did you mean lr?": the known names closest to the unknown ``names`` (difflib), or ""."""
-    close = [c for name in names for c in difflib.get_close_matches(name, known, n=3)]
-    return f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
 
 
 class Recipe:

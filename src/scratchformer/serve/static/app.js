@@ -1,5 +1,6 @@
-// scratchformer serve: one tab per loaded model; every request goes to the server's own /v1/ API
-// (the "copy as curl" box shows it), nothing is fetched from anywhere else.
+// scratchformer serve: one tab per loaded model; every request goes to the server's own v1/ API
+// (the "copy as curl" box shows it), nothing is fetched from anywhere else. Every path is relative
+// to the page, so that the page works behind a proxy that serves it under a prefix (--root-path).
 "use strict";
 
 const state = { key: localStorage.getItem("scratchformer-api-key") || "" };
@@ -26,7 +27,7 @@ async function api(path, body, form, quiet = false) {
 
 function showCurl(path, body, form) {
   const quote = (s) => "'" + String(s).replace(/'/g, "'\\''") + "'";
-  let command = `curl -s ${location.origin}${path}`;
+  let command = `curl -s ${new URL(path, document.baseURI)}`;
   if (state.key) command += ` -H "Authorization: Bearer $SCRATCHFORMER_API_KEY"`;
   if (body) command += ` -H 'Content-Type: application/json' -d ${quote(JSON.stringify(body))}`;
   if (form) {
@@ -137,7 +138,7 @@ function translationPanel(panel, model) {
     const asked = current;
     if (!asked.layers[l]) {
       const body = { inputs: asked.text, parameters: asked.parameters, model: model.id, layer: l };
-      asked.layers[l] = api("/v1/attention", body, null, true);
+      asked.layers[l] = api("v1/attention", body, null, true);
     }
     return asked.layers[l];
   }
@@ -182,7 +183,7 @@ function translationPanel(panel, model) {
     if (!text) return;
     const parameters = { num_beams: Math.max(1, +beam.value || 1) };
     try {
-      const [answer] = await api("/v1/translate", { inputs: text, parameters, model: model.id });
+      const [answer] = await api("v1/translate", { inputs: text, parameters, model: model.id });
       output.textContent = answer.translation_text;
       output.classList.remove("error");
       current = { text, parameters, layers: {} };
@@ -205,7 +206,7 @@ function classifierPanel(panel, model) {
   source.addEventListener("input", debounce(async () => {
     if (!source.value.trim()) return;
     try {
-      const [answer] = await api("/v1/classify", { inputs: source.value, model: model.id });
+      const [answer] = await api("v1/classify", { inputs: source.value, model: model.id });
       bars.classList.remove("error");
       bars.replaceChildren(...Object.entries(answer.scores).sort((a, b) => b[1] - a[1]).map(([label, p]) => {
         const bar = document.createElement("div");
@@ -228,7 +229,7 @@ function captionPanel(panel, model) {
     form.append("image", photo);
     form.append("model", model.id);
     try {
-      const found = await api("/v1/caption/attention", null, form);
+      const found = await api("v1/caption/attention", null, form);
       output.textContent = found.generated_text;
       output.classList.remove("error");
       const image = new Image();
@@ -271,7 +272,7 @@ function embeddingPanel(panel, model) {
     const lines = source.value.split("\n").map((s) => s.trim()).filter(Boolean);
     if (!lines.length) return;
     try {
-      const answers = await api("/v1/embed", { inputs: lines, model: model.id });
+      const answers = await api("v1/embed", { inputs: lines, model: model.id });
       const unit = answers.map((a) => {
         const norm = Math.hypot(...a.embedding) || 1;
         return a.embedding.map((x) => x / norm);
@@ -296,13 +297,13 @@ async function start() {
   let models;
   try {
     for (;;) {  // the models load after the server starts: wait for /ready
-      const ready = await fetch("/ready"), body = await ready.json();
+      const ready = await fetch("ready"), body = await ready.json();
       if (ready.ok) break;
       if (body.error) throw new Error(body.error);
       status.textContent = `${body.status}…`;
       await new Promise((r) => setTimeout(r, 500));
     }
-    models = (await api("/v1/models")).data;
+    models = (await api("v1/models")).data;
   } catch (error) {
     status.textContent = error.message;
     if (error.status === 401) document.getElementById("key-box").hidden = false;

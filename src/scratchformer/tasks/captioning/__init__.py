@@ -17,7 +17,7 @@ features) or "folder" (images or feature files with captions TSVs, :mod:`scratch
 This package holds the task: the recipe (:mod:`.recipe`), the training tasks (cross-entropy,
 self-critical: :mod:`.objectives`) and the run (here). A trained model at work is
 :mod:`scratchformer.tasks.captioning.captioner`; the metrics are in
-:mod:`scratchformer.data.caption_metrics`, the figures in :mod:`scratchformer.tools.caption_figures`
+:mod:`scratchformer.data.caption_metrics`, the figures in :mod:`scratchformer.tasks.captioning.figures`
 (all importable from here too).
 """
 
@@ -46,7 +46,11 @@ from scratchformer.data.image_features import (
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR
 from scratchformer.models.captioning import CaptioningTransformer
 from scratchformer.models.image_encoder import ImageEncoder
+from scratchformer.tasks.captioning import figures as caption_figures
 from scratchformer.tasks.captioning.captioner import Captioner, choose_decoding, load_captioner
+from scratchformer.tasks.captioning.figures import (
+    plot_caption_attention as plot_caption_attention,  # (re-exported)
+)
 from scratchformer.tasks.captioning.objectives import CaptioningTask, SelfCriticalTask
 from scratchformer.tasks.captioning.recipe import (
     AugmentOptions as AugmentOptions,
@@ -75,13 +79,9 @@ from scratchformer.tasks.captioning.recipe import (
 from scratchformer.tasks.captioning.recipe import (
     photo_feature_file as photo_feature_file,
 )
-from scratchformer.tasks.common import (
+from scratchformer.tasks.shared import (
     TrainingRun,
     stopped_early,
-)
-from scratchformer.tools import caption_figures
-from scratchformer.tools.caption_figures import (
-    plot_caption_attention as plot_caption_attention,  # (re-exported)
 )
 from scratchformer.training import Trainer, check_run, distributed
 from scratchformer.training.checkpoint import load_checked, update_config
@@ -94,7 +94,7 @@ __all__ = [
     "train_captioner",
 ]
 # also importable from here, as before they moved: Captioner, load_captioner (.captioner), caption_scores,
-# CiderD (scratchformer.data.caption_metrics), plot_caption_attention (scratchformer.tools.caption_figures)
+# CiderD (scratchformer.data.caption_metrics), plot_caption_attention (scratchformer.tasks.captioning.figures)
 
 PAD, START, END = Vocabulary.pad_id, Vocabulary.start_id, Vocabulary.end_id
 
@@ -108,14 +108,14 @@ def plot_caption_examples(
 ) -> None:
     """A row of images (N, C, H, W), each with the model's caption, whether it matches one of its
     references exactly, and its first two references below
-    (:func:`~scratchformer.tools.caption_figures.plot_caption_examples`)."""
+    (:func:`~scratchformer.tasks.captioning.figures.plot_caption_examples`)."""
     caption_figures.plot_caption_examples(
         images, hypotheses, references, path, title, matches=exact_matches(hypotheses, references)
     )
 
 
 class CaptioningRun(TrainingRun):
-    """:func:`train_captioner`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the splits and
+    """:func:`train_captioner`'s run (:class:`~scratchformer.tasks.shared.TrainingRun`): the splits and
     vocabulary, a CaptioningTransformer trained with cross-entropy, then (``scst``) self-critical
     training; the weights that did best on validation score the validation split (photos) and every
     test split."""

@@ -27,11 +27,11 @@ from scratchformer.generation import GenerationConfig, generate, greedy_decode
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.image_encoder import IMAGE_ENCODERS, ImageEncoder
 from scratchformer.models.patch_embedding import PatchEmbedding
-from scratchformer.tasks.common import Generated, check_batch, choose_from_grid, rows_named
-from scratchformer.tools.attention_maps import record_attention
-from scratchformer.tools.caption_figures import plot_caption_attention
+from scratchformer.tasks.captioning.figures import plot_caption_attention
+from scratchformer.tasks.shared import Generated, check_batch, choose_from_grid, rows_named
 from scratchformer.training import resolve_device
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
+from scratchformer.viz.attention_maps import record_attention
 
 __all__ = ["Captioner", "choose_decoding", "load_captioner"]
 

@@ -20,7 +20,7 @@ from scratchformer.data.captions import CaptionExamples, Vocabulary
 from scratchformer.generation import greedy_decode, sample_decode
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.tasks.captioning.captioner import Captioner
-from scratchformer.tasks.common import label_smoothed_loss, pad_ids
+from scratchformer.tasks.shared import label_smoothed_loss, pad_ids
 from scratchformer.training.precision import at_least_fp32
 
 __all__ = ["CaptioningTask", "SelfCriticalTask"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from scratchformer.core.keys import reject_unknown
 from scratchformer.data.caption_corpora import CaptionCorpus, load_flickr8k, load_karpathy_json
 from scratchformer.data.caption_splits import (
     cs231n_splits,
@@ -28,15 +29,15 @@ from scratchformer.data.image_features import (
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR
 from scratchformer.models.captioning import CaptioningConfig
 from scratchformer.models.image_encoder import ImageEncoder
-from scratchformer.tasks.common import (
+from scratchformer.tasks.captioning.figures import (
+    plot_caption_attention as plot_caption_attention,  # (re-exported)
+)
+from scratchformer.tasks.shared import (
     CAPTIONING_DECODING,
     check_decoding,
     check_decoding_grid,
     check_model_fields,
     check_range,
-)
-from scratchformer.tools.caption_figures import (
-    plot_caption_attention as plot_caption_attention,  # (re-exported)
 )
 from scratchformer.training import TrainConfig, distributed, resolve_device
 from scratchformer.training.recipe import Recipe, resolve_data_path
@@ -226,8 +227,8 @@ class CaptioningRecipe(Recipe):
         check_decoding(self.decoding, CAPTIONING_DECODING)
         check_decoding_grid(self.decoding, self.decoding_grid, CAPTIONING_DECODING)
         if self.scst:
-            unknown = set(self.scst) - {"steps", "lr", "samples", "eval_every", "baseline", "dropout"}
-            if unknown or not isinstance(self.scst.get("steps"), int) or self.scst["steps"] < 1:
+            reject_unknown(self.scst, ("steps", "lr", "samples", "eval_every", "baseline", "dropout"), "scst")
+            if not isinstance(self.scst.get("steps"), int) or self.scst["steps"] < 1:
                 raise ValueError(
                     "scst: expected {'steps': N >= 1, 'lr', 'samples', 'eval_every', 'baseline', 'dropout'}, "
                     f"got {self.scst!r}"
@@ -257,9 +258,9 @@ class CaptioningRecipe(Recipe):
             return
         if self.data not in self.PHOTOS or self.memory != "regions":
             raise ValueError("finetune: the image encoder is fine-tuned on photos with memory 'regions'")
-        unknown = set(f) - {"stages", "lr", "features"}
+        reject_unknown(f, ("stages", "lr", "features"), "finetune")
         stages = f.get("stages")
-        if unknown or isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 7:
+        if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 7:
             raise ValueError(
                 f"finetune: expected {{'stages': 1..7, 'lr': number > 0, 'features': path}}, got {f!r}"
             )
@@ -275,11 +276,10 @@ class CaptioningRecipe(Recipe):
             return
         if self.data not in (*self.PHOTOS, "folder", "cs231n") or self.memory != "regions":
             raise ValueError("augment: flips and crops apply to region features (memory 'regions')")
-        unknown = set(a) - {"flip", "crop"}
+        reject_unknown(a, ("flip", "crop"), "augment")
         crop = a.get("crop", 1.0)
         if (
-            unknown
-            or not isinstance(a.get("flip", False), bool)
+            not isinstance(a.get("flip", False), bool)
             or isinstance(crop, bool)
             or not isinstance(crop, (int, float))
             or not 0 < crop <= 1

@@ -24,7 +24,7 @@ from scratchformer.data.batching import length_bucketed_batches
 from scratchformer.data.labelled_texts import DEFAULT_DATA_DIR
 from scratchformer.data.parallel_texts import ParallelTexts, load_parallel_texts
 from scratchformer.data.tokenization import read_tokenizer, train_bpe
-from scratchformer.tasks.common import (
+from scratchformer.tasks.shared import (
     TrainingRun,
     check_decoding,
     check_decoding_grid,
@@ -212,7 +212,7 @@ class TranslationRecipe(Recipe):
 
 
 class TranslationRun(TrainingRun):
-    """:func:`train_translation`'s run (:class:`~scratchformer.tasks.common.TrainingRun`): the parallel
+    """:func:`train_translation`'s run (:class:`~scratchformer.tasks.shared.TrainingRun`): the parallel
     texts, a joint BPE and a Transformer; then the chosen checkpoint (best, or the average of the last
     ``average_last``), its decoding chosen on the validation set (``decoding_grid``), on the test set."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scratchformer.generation.scoring import TIE_TOLERANCE, TieReport, same_up_to_ties
-from scratchformer.tasks.common import pad_ids
+from scratchformer.tasks.shared import pad_ids
 from scratchformer.tasks.translation.translator import Translator, _encode
 
 __all__ = ["same_translations_up_to_ties", "target_ids"]

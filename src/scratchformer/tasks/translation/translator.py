@@ -28,15 +28,15 @@ from scratchformer.formats.hf_generation import hf_generation_config, model_card
 from scratchformer.formats.marian import is_marian_dir, load_marian, marian_export
 from scratchformer.formats.onnx_translator import export_translator_onnx
 from scratchformer.generation import Ensemble, GenerationConfig, generate
-from scratchformer.tasks.common import (
+from scratchformer.tasks.shared import (
     Generated,
     check_batch,
     pad_ids,
     rows_named,
 )
-from scratchformer.tools.attention_maps import plot_attention, record_attention
 from scratchformer.training import resolve_device
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
+from scratchformer.viz.attention_maps import plot_attention, record_attention
 
 __all__ = [
     "Translator",
