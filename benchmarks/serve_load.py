@@ -9,7 +9,13 @@ sentences sorted by length first (:class:`Offline`).
 
 Per row: sentences/s and its ratio to offline, latency p50/p95 (send to answer), the mean batch the
 server formed (its /metrics), the answers by status code (every request answered: 200, or 429 over
-the queue limit), the server's resident memory after the row. Writes
+the queue limit), the server's resident memory after the row.
+
+Then the open loop (``--rates``, as TGI's and vLLM's benchmarks send at a request rate): requests
+sent at Poisson arrival times, at shares of the offline batch-32 rate measured in the same run,
+whatever the earlier ones' state; latency from each request's arrival time to its answer, p50/p95
+against the idle p50 (one request at a time, through the server), which is itself set against
+offline batch 1 (the same sentences translated one at a time in-process). Writes
 ``benchmarks/results/serve-load-<name>.md`` and ``.json``.
 """
 
@@ -20,6 +26,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import re
 import socket
 import statistics
@@ -54,6 +61,10 @@ class Offline:
     def rate(self, texts: list[str], sorted: bool = False) -> float:  # noqa: A002 (the mode's name)
         return self.pool.apply(_translate_all, (texts, sorted))
 
+    def latencies(self, texts: list[str]) -> list[float]:
+        """Seconds to translate each text alone (batch 1), in order."""
+        return self.pool.apply(_translate_each, (texts,))
+
     def close(self) -> None:
         self.pool.close()
         self.pool.join()
@@ -80,6 +91,15 @@ def _translate_all(texts: list[str], sorted: bool) -> float:  # noqa: A002
     for chunk in [texts] if sorted else chunks(texts, 32):  # (the command's buffer: --batch-size lines)
         _TRANSLATOR.translate(chunk, batch_size=32)
     return len(texts) / (time.perf_counter() - start)
+
+
+def _translate_each(texts: list[str]) -> list[float]:
+    seconds = []
+    for text in texts:
+        start = time.perf_counter()
+        _TRANSLATOR.translate([text], batch_size=1)
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def free_port() -> int:
@@ -197,6 +217,84 @@ async def load(port: int, texts: Sequence[str], clients: int, kind: str = "raw")
     }
 
 
+def percentiles(seconds: Sequence[float]) -> dict[str, float]:
+    """p50 and p95 of ``seconds``, in ms."""
+    ordered = sorted(seconds)
+    return {
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p95_ms": 1000 * ordered[int(0.95 * (len(ordered) - 1))],
+    }
+
+
+async def open_loop(port: int, texts: Sequence[str], rate: float, seed: int = 0) -> dict[str, Any]:
+    """One request per text at Poisson arrival times, ``rate`` a second on average (exponential gaps
+    drawn from ``seed``), each sent at its time on an idle keep-alive connection (a new one when all
+    are busy), whatever the earlier requests' state. A request's latency runs from its arrival time,
+    not from when it could be sent, so that a late client does not hide a slow server."""
+    gaps = random.Random(seed)
+    idle: list[Connection] = []
+    latencies: list[float] = []
+    codes: Counter = Counter()
+
+    async def request(text: str, arrival: float) -> None:
+        connection = idle.pop() if idle else Connection("127.0.0.1", port)
+        code, _ = await connection.post("/v1/translate", {"inputs": text})
+        latencies.append(time.perf_counter() - arrival)
+        codes[code] += 1
+        idle.append(connection)
+
+    cpu, start = time.process_time(), time.perf_counter()
+    arrival, sent = start, []
+    for text in texts:
+        arrival += gaps.expovariate(rate)
+        await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
+        sent.append(asyncio.create_task(request(text, arrival)))
+    await asyncio.gather(*sent)
+    seconds = time.perf_counter() - start
+    for connection in idle:
+        connection.close()
+    return {
+        "rate_s": rate,
+        "sentences_s": len(texts) / seconds,
+        **percentiles(latencies),
+        "codes": {str(c): n for c, n in sorted(codes.items())},
+        "client_cpu_s": time.process_time() - cpu,
+        "seconds": seconds,
+    }
+
+
+def open_loop_rows(
+    url: str, texts: Sequence[str], offline: Offline, shares: Sequence[float], requests: int
+) -> dict[str, Any]:
+    """The idle latency (one request at a time through the server, against offline batch 1), then
+    ``requests`` requests at each share of the offline batch-32 rate: p50/p95 against the idle p50."""
+    idle = asyncio.run(load(port_of(url), texts, 1))
+    alone = percentiles(offline.latencies(list(texts)))
+    reference = offline.rate(list(texts))
+    stream = [texts[i % len(texts)] for i in range(requests)]
+    rows = []
+    for share in shares:
+        before = batch_totals(url)
+        row = asyncio.run(open_loop(port_of(url), stream, share * reference))
+        after = batch_totals(url)
+        batches = after[1] - before[1]
+        row.update(
+            share=share,
+            p50_to_idle=row["p50_ms"] / idle["p50_ms"],
+            p95_to_idle=row["p95_ms"] / idle["p50_ms"],
+            mean_batch=(after[0] - before[0]) / batches if batches else 0.0,
+        )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {
+        "idle_p50_ms": idle["p50_ms"],
+        "idle_p95_ms": idle["p95_ms"],
+        "offline_batch1_p50_ms": alone["p50_ms"],
+        "offline_batch32_sentences_s": reference,
+        "rows": rows,
+    }
+
+
 def batch_totals(url: str) -> tuple[float, float]:
     """(sum, count) of the server's batch-size histogram."""
     import httpx
@@ -257,7 +355,9 @@ def soak(url: str, pid: int, texts: Sequence[str], total: int, clients: int) -> 
     return samples
 
 
-def write_markdown(path: Path, rows: list[dict], settings: dict[str, Any], soaked: list[dict]) -> None:
+def write_markdown(
+    path: Path, rows: list[dict], settings: dict[str, Any], soaked: list[dict], opened: dict | None = None
+) -> None:
     lines = [
         f"# The server under load ({settings['machine']})",
         "",
@@ -284,10 +384,37 @@ def write_markdown(path: Path, rows: list[dict], settings: dict[str, Any], soake
             f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['mean_batch']:.1f} | {codes} | "
             f"{r['client_cpu_s'] / r['seconds']:.0%} | {r['server_rss_mb']:.0f} |"
         )
+    if opened:
+        lines += open_loop_lines(opened)
     if soaked:
         lines += ["", "Soak (server resident memory, MB, after each 1,000 requests):", ""]
         lines.append(", ".join(f"{s['server_rss_mb']:.0f}" for s in soaked))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def open_loop_lines(opened: dict[str, Any]) -> list[str]:
+    """The open-loop table: the idle path, then a row per load."""
+    idle, alone = opened["idle_p50_ms"], opened["offline_batch1_p50_ms"]
+    lines = [
+        "",
+        f"Open loop: Poisson arrivals at shares of the offline batch-32 rate "
+        f"({opened['offline_batch32_sentences_s']:.1f} sentences/s), latency from arrival to answer. "
+        f"Idle (one request at a time through the server): p50 {idle:.1f} ms, p95 "
+        f"{opened['idle_p95_ms']:.1f} ms; offline batch 1: p50 {alone:.1f} ms "
+        f"(the server adds {idle - alone:.1f} ms).",
+        "",
+        "| load | requests/s | answered/s | p50 ms | p95 ms | p50 / idle p50 | p95 / idle p50 | mean batch "
+        "| answers |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in opened["rows"]:
+        codes = ", ".join(f"{n} x {c}" for c, n in r["codes"].items())
+        lines.append(
+            f"| {r['share']:.0%} of offline | {r['rate_s']:.1f} | {r['sentences_s']:.1f} | "
+            f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p50_to_idle']:.2f}x | {r['p95_to_idle']:.2f}x | "
+            f"{r['mean_batch']:.1f} | {codes} |"
+        )
+    return lines
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -307,6 +434,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=3, help="each row this many times, paired with offline: the median"
     )
+    parser.add_argument(
+        "--rates", default="0.5,0.8", help="open loop: comma-separated shares of the offline batch-32 rate"
+    )
+    parser.add_argument(
+        "--open-requests", type=int, default=0, help="requests per open-loop row (default: --sentences)"
+    )
     parser.add_argument("--soak", type=int, default=0, help="then this many more requests, memory sampled")
     parser.add_argument(
         "--httpx", action="store_true", help="also measure the largest --clients with httpx's client (a row)"
@@ -325,13 +458,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     offline = Offline(args.checkpoint, args.threads, args.precision)
     port = free_port()
     server = start_server(args.checkpoint, port, args.threads, args.precision, args.limit)
-    url, rows, soaked = f"http://127.0.0.1:{port}", [], []
+    url, rows, soaked, opened = f"http://127.0.0.1:{port}", [], [], None
     try:
         asyncio.run(load(port, texts[:8], 4))  # warm-up
         levels = [int(c) for c in args.clients.split(",")]
         for clients, kind in [(c, "raw") for c in levels] + ([(max(levels), "httpx")] if args.httpx else []):
             rows.append(run_row(url, server.pid, texts, clients, offline, kind, args.rounds))
             print(json.dumps(rows[-1]), flush=True)
+        shares = [float(x) for x in args.rates.split(",") if x.strip()]
+        if shares:
+            opened = open_loop_rows(url, texts, offline, shares, args.open_requests or len(texts))
         if args.soak:
             soaked = soak(url, server.pid, texts, args.soak, 64)
     finally:
@@ -350,9 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"serve-load-{args.name}"
     stem.with_suffix(".json").write_text(
-        json.dumps({"settings": settings, "rows": rows, "soak": soaked}, indent=2)
+        json.dumps({"settings": settings, "rows": rows, "open_loop": opened, "soak": soaked}, indent=2)
     )
-    write_markdown(stem.with_suffix(".md"), rows, settings, soaked)
+    write_markdown(stem.with_suffix(".md"), rows, settings, soaked, opened)
     print(f"wrote {stem}.md and .json")
     return 0
 
