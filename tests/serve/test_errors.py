@@ -281,10 +281,32 @@ def test_a_bad_input_inside_a_batch_fails_its_own_request_only(tmp_path: Path) -
     assert "boom is not a text" in answers[1].json()["error"]
 
 
-async def _together(app, texts: list[str]) -> list[httpx.Response]:
+def test_a_lone_request_at_a_quiet_time_starts_at_once_and_a_burst_still_batches(tmp_path: Path) -> None:
+    """The batcher waits max_wait_ms for others only when others are due: a lone request with no
+    recent arrivals is run at once (not 1.5 s later); a burst's first request (the rest 50 ms apart)
+    waits for the rest."""
+    model = SlowModel("slow", tmp_path)
+    app = create_app(config(ModelSpec("slow", str(tmp_path)), max_wait_ms=1500, max_batch_size=5), [model])
+    with client_for_app(app) as c:
+        start = time.monotonic()
+        assert c.post("/v1/classify", json={"inputs": "alone"}).status_code == 200
+        alone = time.monotonic() - start
+        answers = asyncio.run(_together(app, ["one", "two", "three", "four", "five"], spread=0.05))
+    assert alone < 1.0, f"a lone request waited {alone:.2f} s"
+    assert [a.status_code for a in answers] == [200] * 5
+    assert model.batches[0] == ["alone"] and sorted(map(len, model.batches[1:])) == [5], model.batches
+
+
+async def _together(app, texts: list[str], spread: float = 0.0) -> list[httpx.Response]:
+    """POST each text to /v1/classify at once, or ``spread`` seconds apart."""
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-        return await asyncio.gather(*(http.post("/v1/classify", json={"inputs": t}) for t in texts))
+
+        async def post(i: int, text: str) -> httpx.Response:
+            await asyncio.sleep(i * spread)
+            return await http.post("/v1/classify", json={"inputs": text})
+
+        return await asyncio.gather(*(post(i, t) for i, t in enumerate(texts)))
 
 
 def test_a_classifier_checkpoint_served_as_int8_is_refused() -> None:

@@ -2,10 +2,12 @@
 so that the event loop never runs a model and the CPU threads never fight.
 
 A request becomes a :class:`Job` (its inputs, checked parameters, deadline and a future). The
-inference thread takes the oldest waiting input, waits at most ``max_wait_ms`` for others to join it,
-then gathers the waiting inputs with the same parameters, oldest first, up to ``max_batch_size``
-inputs and ``max_batch_tokens`` (inputs x the longest one's tokens), and runs them in one call of the
-model (which sorts them by length). Inputs of a request whose deadline passed or whose client went
+inference thread takes the oldest waiting input, waits at most ``max_wait_ms`` for others to join it
+(only when others are due: more inputs wait already, or requests have lately come closer together
+than ``max_wait_ms``; a lone request at a quiet time starts at once), then gathers the waiting
+inputs with the same parameters, oldest first, up to ``max_batch_size`` inputs and
+``max_batch_tokens`` (inputs x the longest one's tokens), and runs them in one call of the model
+(which sorts them by length). Inputs of a request whose deadline passed or whose client went
 away are dropped, never computed. A batch that fails is run again request by request, so one bad
 input fails its own request only.
 """
@@ -95,6 +97,8 @@ class MicroBatcher:
         self._queue: deque[tuple[Job, int]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._last_arrival: float | None = None
+        self._mean_gap = float("inf")  # between requests' arrivals, seconds (an exponential moving mean)
         self._thread = threading.Thread(target=self._work, name=f"inference-{model.name}", daemon=True)
         metrics.queue_depth.labels(model.name).set_function(lambda: len(self._queue))
 
@@ -123,6 +127,11 @@ class MicroBatcher:
                     f"{self.limits.max_queue}); retry later"
                 )
             job.enqueued = time.monotonic()
+            if self._last_arrival is not None:
+                gap = job.enqueued - self._last_arrival
+                known = self._mean_gap < float("inf")
+                self._mean_gap = 0.75 * self._mean_gap + 0.25 * gap if known else gap
+            self._last_arrival = job.enqueued
             self._queue.extend((job, i) for i in range(len(job.items)))
             self._cond.notify()
 
@@ -144,7 +153,10 @@ class MicroBatcher:
                 if self._stopping:
                     return None
                 self._cond.wait()
-            until = self._queue[0][0].enqueued + limits.max_wait_ms / 1000
+            wait = limits.max_wait_ms / 1000
+            if len(self._queue) == 1 and self._mean_gap >= wait:  # nobody is due: start now
+                return self._take()
+            until = self._queue[0][0].enqueued + wait
             while len(self._queue) < limits.max_batch_size and not self._stopping:
                 left = until - time.monotonic()
                 if left <= 0:

@@ -34,7 +34,7 @@ class Limits:
 
     max_batch_size: int = 32  # inputs decoded together
     max_batch_tokens: int = 4096  # inputs x the longest one's tokens, per batch
-    max_wait_ms: float = 5.0  # how long the first queued input waits for others to join its batch
+    max_wait_ms: float = 5.0  # how long the first queued input waits for others due to join its batch
     max_queue: int = 512  # inputs waiting per model; more: 429 with Retry-After
     max_concurrency: int = 1024  # requests in flight; more: 429 with Retry-After
     max_body_bytes: int = 10_000_000  # a request's body; more: 413
