@@ -104,3 +104,23 @@ def test_one_function_says_the_kind() -> None:
         if name in ("checkpoint_kind", "detect_kind", "_export_kind", "kind_of")
     ]
     assert defs == ["tasks/shared/kinds.py: checkpoint_kind"], defs
+
+
+def test_the_old_path_tasks_common_warns_and_is_the_new_package(monkeypatch) -> None:
+    """``scratchformer.tasks.common`` (until 0.13) is ``tasks.shared`` itself, with a warning."""
+    import importlib
+    import sys
+
+    import pytest
+
+    from scratchformer.tasks import shared
+
+    monkeypatch.delitem(sys.modules, "scratchformer.tasks.common", raising=False)
+    message = (
+        r"scratchformer\.tasks\.common moved to scratchformer\.tasks\.shared; the old path goes in 0\.13"
+    )
+    with pytest.warns(DeprecationWarning, match=message) as seen:
+        module = importlib.import_module("scratchformer.tasks.common")
+    assert module is shared and module.checkpoint_kind is shared.checkpoint_kind
+    assert module.TrainingRun is shared.TrainingRun and module.pad_ids is shared.pad_ids
+    assert {w.filename for w in seen if w.category is DeprecationWarning} == {importlib.__file__}

@@ -1,15 +1,15 @@
 """Deprecated: ``tasks/common.py`` became the package :mod:`scratchformer.tasks.shared` (one concern a
-module) in 0.12; this path still imports, with a DeprecationWarning, until 0.13."""
+module) in 0.12; this path goes in 0.13. It imports as the very module of its new path, with a
+DeprecationWarning, as the paths ``models/``, ``tools/`` and ``serve/models.py`` gave up do."""
 
-from __future__ import annotations
-
+import sys
 import warnings
 
-from scratchformer.tasks.shared import *  # noqa: F403
-from scratchformer.tasks.shared import __all__  # noqa: F401
+import scratchformer.tasks.shared as shared
 
 warnings.warn(
-    "scratchformer.tasks.common moved to scratchformer.tasks.shared; the old path goes in 0.13",
+    f"{__name__} moved to {shared.__name__}; the old path goes in 0.13",
     DeprecationWarning,
-    stacklevel=2,
+    stacklevel=2,  # the line that imports the old path (the import machinery's frames are skipped)
 )
+sys.modules[__name__] = shared
