@@ -65,6 +65,10 @@ class Offline:
         """Seconds to translate each text alone (batch 1), in order."""
         return self.pool.apply(_translate_each, (texts,))
 
+    def alone(self, texts: list[str]) -> list[str]:
+        """Each text's translation alone (batch 1: what ``scratchformer translate TEXT`` prints)."""
+        return self.pool.apply(_translations, (texts,))
+
     def close(self) -> None:
         self.pool.close()
         self.pool.join()
@@ -91,6 +95,10 @@ def _translate_all(texts: list[str], sorted: bool) -> float:  # noqa: A002
     for chunk in [texts] if sorted else chunks(texts, 32):  # (the command's buffer: --batch-size lines)
         _TRANSLATOR.translate(chunk, batch_size=32)
     return len(texts) / (time.perf_counter() - start)
+
+
+def _translations(texts: list[str]) -> list[str]:
+    return [_TRANSLATOR.translate([text], batch_size=1)[0] for text in texts]
 
 
 def _translate_each(texts: list[str]) -> list[float]:
@@ -135,11 +143,16 @@ def spawn(args: Sequence[str], port: int, seconds: float = 300, **popen: Any) ->
 
 
 def start_server(
-    checkpoint: str, port: int, threads: int, precision: str, limits: Sequence[str]
+    checkpoint: str,
+    port: int,
+    threads: int,
+    precision: str,
+    limits: Sequence[str],
+    batching: str = "continuous",
 ) -> subprocess.Popen:
     """``scratchformer serve`` on 127.0.0.1:port, returned once /ready answers 200."""
     args = ["--checkpoint", f"model={checkpoint}", "--threads", str(threads), "--precision", precision]
-    return spawn(args + [f"--limit={limit}" for limit in limits], port)
+    return spawn(args + ["--batching", batching] + [f"--limit={limit}" for limit in limits], port)
 
 
 class Connection:
@@ -236,11 +249,15 @@ async def open_loop(port: int, texts: Sequence[str], rate: float, seed: int = 0)
     latencies: list[float] = []
     codes: Counter = Counter()
 
+    answers: dict[str, str] = {}
+
     async def request(text: str, arrival: float) -> None:
         connection = idle.pop() if idle else Connection("127.0.0.1", port)
-        code, _ = await connection.post("/v1/translate", {"inputs": text})
+        code, body = await connection.post("/v1/translate", {"inputs": text})
         latencies.append(time.perf_counter() - arrival)
         codes[code] += 1
+        if code == 200:
+            answers[text] = json.loads(body)[0]["translation_text"]
         idle.append(connection)
 
     cpu, start = time.process_time(), time.perf_counter()
@@ -260,6 +277,7 @@ async def open_loop(port: int, texts: Sequence[str], rate: float, seed: int = 0)
         "codes": {str(c): n for c, n in sorted(codes.items())},
         "client_cpu_s": time.process_time() - cpu,
         "seconds": seconds,
+        "answers": answers,
     }
 
 
@@ -272,6 +290,7 @@ def open_loop_rows(
     alone = percentiles(offline.latencies(list(texts)))
     reference = offline.rate(list(texts))
     stream = [texts[i % len(texts)] for i in range(requests)]
+    expected = dict(zip(texts, offline.alone(list(texts))))
     rows = []
     for share in shares:
         before = batch_totals(url)
@@ -284,6 +303,8 @@ def open_loop_rows(
             p95_to_idle=row["p95_ms"] / idle["p50_ms"],
             mean_batch=(after[0] - before[0]) / batches if batches else 0.0,
         )
+        answers = row.pop("answers")  # each equal to its text's translation alone (the CLI's)?
+        row["answers_as_alone"] = f"{sum(expected[t] == a for t, a in answers.items())}/{len(answers)}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {
@@ -404,15 +425,15 @@ def open_loop_lines(opened: dict[str, Any]) -> list[str]:
         f"(the server adds {idle - alone:.1f} ms).",
         "",
         "| load | requests/s | answered/s | p50 ms | p95 ms | p50 / idle p50 | p95 / idle p50 | mean batch "
-        "| answers |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| answers | as alone |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in opened["rows"]:
         codes = ", ".join(f"{n} x {c}" for c, n in r["codes"].items())
         lines.append(
             f"| {r['share']:.0%} of offline | {r['rate_s']:.1f} | {r['sentences_s']:.1f} | "
             f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p50_to_idle']:.2f}x | {r['p95_to_idle']:.2f}x | "
-            f"{r['mean_batch']:.1f} | {codes} |"
+            f"{r['mean_batch']:.1f} | {codes} | {r['answers_as_alone']} |"
         )
     return lines
 
@@ -431,6 +452,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     parser.add_argument("--limit", action="append", default=[], help="a server limit NAME=VALUE (repeat)")
+    parser.add_argument("--batching", choices=("continuous", "whole"), default="continuous")
     parser.add_argument(
         "--rounds", type=int, default=3, help="each row this many times, paired with offline: the median"
     )
@@ -457,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = [t for t in read_lines(source, args.sentences) if t.strip()]
     offline = Offline(args.checkpoint, args.threads, args.precision)
     port = free_port()
-    server = start_server(args.checkpoint, port, args.threads, args.precision, args.limit)
+    server = start_server(args.checkpoint, port, args.threads, args.precision, args.limit, args.batching)
     url, rows, soaked, opened = f"http://127.0.0.1:{port}", [], [], None
     try:
         asyncio.run(load(port, texts[:8], 4))  # warm-up
@@ -479,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m benchmarks.serve_load " + " ".join(sys.argv[1:] if argv is None else argv),
         "checkpoint": args.checkpoint,
         "precision": args.precision,
+        "batching": args.batching,
         "threads": args.threads,
         "sentences": len(texts),
         "rounds": args.rounds,

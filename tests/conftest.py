@@ -68,6 +68,7 @@ KERNEL_SENSITIVE = (
     "generation/test_fast_beam.py",
     "generation/test_fast_rules.py",
     "generation/test_fast_step_mask.py",
+    "generation/test_continuous.py",
     "data/test_pooling_and_tokenization.py",
     "scripts/test_serving_benchmark.py",
 )

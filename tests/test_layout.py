@@ -196,8 +196,10 @@ def test_core_reads_in_one_sitting() -> None:
     lines = {p.name: len(p.read_text().splitlines()) for p in (PACKAGE / "core").glob("*.py")}
     # 900 until Marian's four options (0.3) came in, 930 then; ruff format (0.6) wrapped the same code
     # at 110 columns into 1,138 lines; 1,170 since 0.12: the one unknown-key check (keys.py, which
-    # core/config.py uses and every room imports) and the public seams project/split_heads/attend
-    assert sum(lines.values()) <= 1170, lines
+    # core/config.py uses and every room imports) and the public seams project/split_heads/attend;
+    # 1,185 with positions per row (continuous batching: a sentence that joins a running batch
+    # starts at its own position 0)
+    assert sum(lines.values()) <= 1185, lines
     assert lines["attention.py"] <= 210, lines
 
 

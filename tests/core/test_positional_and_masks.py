@@ -46,6 +46,25 @@ def test_learned_positions_raise_past_their_table() -> None:
         pe(torch.zeros(1, 7, 4))
 
 
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
+def test_positions_per_row_start_each_row_at_its_own_offset(kind: str) -> None:
+    """An offset (B,) gives row b the positions offset[b], offset[b] + 1, ...: what an int offset
+    gives that row alone (a sentence joining a running batch at its own position), past the
+    sinusoidal table's length too; a learned table still refuses positions it lacks."""
+    torch.manual_seed(0)
+    module = (
+        sf.SinusoidalPositionalEncoding(8, max_len=6)
+        if kind == "sinusoidal"
+        else sf.LearnedPositionalEmbedding(12, 8)
+    )
+    x, offset = torch.randn(3, 2, 8), torch.tensor([0, 4, 9])
+    rows = torch.cat([module(x[b : b + 1], int(offset[b])) for b in range(3)])
+    assert torch.equal(module(x, offset), rows)
+    if kind == "learned":
+        with pytest.raises(ValueError, match="positions up to 13"):
+            module(x, torch.tensor([0, 11, 2]))
+
+
 def test_token_embedding_scales_by_sqrt_d_and_zeroes_padding() -> None:
     emb = sf.TokenEmbedding(10, 64, padding_idx=0)
     tokens = torch.tensor([[0, 3, 9]])

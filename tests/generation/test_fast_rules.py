@@ -104,12 +104,12 @@ def test_each_rule_fast_equals_the_reference(kinds, seed: int, beam_size: int, n
 def test_a_fast_step_without_the_rule_fails_the_check(monkeypatch, kind: str) -> None:
     """The mutation: the fast search's candidate step with one rule switched off (the reference
     keeps it) gives other hypotheses, and the parity check says so on at least one setting."""
-    original = fast._Search.__init__
+    original = fast.BeamState.__init__
 
     def mutated(self, B, k, rules, length_penalty, device):
         original(self, B, k, without(rules, kind), length_penalty, device)
 
-    monkeypatch.setattr(fast._Search, "__init__", mutated)
+    monkeypatch.setattr(fast.BeamState, "__init__", mutated)
     caught = 0
     for seed in (0, 1, 2):
         model, src, rules, reference, ours = search_both(seed, (kind,), 3, 3, 1.0)

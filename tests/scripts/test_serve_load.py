@@ -43,10 +43,16 @@ def test_serve_load_at_toy_scale(tmp_path: Path) -> None:
         assert abs(r["rate_s"] - r["share"] * opened["offline_batch32_sentences_s"]) < 1e-9
         assert abs(r["p50_to_idle"] - r["p50_ms"] / opened["idle_p50_ms"]) < 1e-9
         assert r["p95_ms"] >= r["p50_ms"] > 0
+        assert r["answers_as_alone"] == "4/4"  # every answer is the text's translation alone
     assert 0 < opened["offline_batch1_p50_ms"] and 0 < opened["idle_p50_ms"] <= opened["idle_p95_ms"]
     table = (tmp_path / "serve-load-toy.md").read_text()
     assert "| 8 | httpx |" in table and "cores" in table.splitlines()[0]
-    assert "| 50% of offline |" in table and "| 80% of offline |" in table and "offline batch 1: p50" in table
+    assert (
+        "| 30 x 200 | 4/4 |" in table
+        and "| 50% of offline |" in table
+        and "| 80% of offline |" in table
+        and "offline batch 1: p50" in table
+    )
 
 
 def test_open_loop_arrivals_are_poisson_at_the_rate_and_latency_counts_from_arrival(monkeypatch) -> None:
@@ -68,7 +74,7 @@ def test_open_loop_arrivals_are_poisson_at_the_rate_and_latency_counts_from_arri
 
         async def post(self, path: str, payload: object) -> tuple[int, bytes]:
             await asyncio.sleep(0.05)
-            return 200, b"[]"
+            return 200, json.dumps([{"translation_text": payload["inputs"].upper()}]).encode()
 
         def close(self) -> None:
             pass
@@ -76,4 +82,5 @@ def test_open_loop_arrivals_are_poisson_at_the_rate_and_latency_counts_from_arri
     monkeypatch.setattr(serve_load, "Connection", Answering)
     row = asyncio.run(serve_load.open_loop(0, ["a"] * 20, rate=200.0))
     assert row["codes"] == {"200": 20} and row["p50_ms"] >= 50.0
+    assert row["answers"] == {"a": "A"}  # kept for the check against each text's translation alone
     assert row["seconds"] < 0.6  # open loop: ~0.15 s; one after another: over 1 s

@@ -361,3 +361,32 @@ def test_translate_and_evaluate_take_several_checkpoints(tiny_translation, tmp_p
     with pytest.raises(ValueError, match="one model's"):
         translation_attention(ensemble, "Ein rot hund läuft.")
     assert ensemble.with_precision("int8").translate(texts[:1])[0]  # each member converted
+
+
+def test_a_session_translates_texts_joining_at_any_step_as_generate_does_alone(tiny_translation) -> None:
+    """Continuous batching on a trained model (:meth:`Translator.session`): texts that join the
+    running search one a step, and two at once, get the translations ``generate`` gives each alone
+    (beam with its n best, greedy, seeded sampling)."""
+    _, report, run = tiny_translation
+    translator = load_translator(run / report["test_checkpoint"], device="cpu")
+    texts = ["Ein rot hund läuft.", "Ein klein katze schläft.", "Ein groß mann läuft.", "Ein hund.",
+             "Ein rot katze läuft und ein klein hund schläft.", "Ein mann schläft."]  # fmt: skip
+    for config in (
+        translator.generation_config(3, num_return_sequences=2),
+        translator.generation_config(1),
+        translator.generation_config(1, do_sample=True, num_return_sequences=2),
+    ):
+        expected = [translator.generate([t], config, seed=3)[0] for t in texts]
+        session, got, arrivals = translator.session(config, seed=3), {}, [[0], [1, 2], [], [3], [4], [5]]
+        for step in range(100):
+            if step < len(arrivals) and arrivals[step]:
+                session.join([texts[i] for i in arrivals[step]], arrivals[step])
+            got.update(session.step())
+            if step >= len(arrivals) and not session.live:
+                break
+        assert [[g.text for g in got[i]] for i in range(len(texts))] == [
+            [g.text for g in e] for e in expected
+        ]
+        for i, e in enumerate(expected):
+            assert [g.tokens for g in got[i]] == [g.tokens for g in e]
+            assert [g.score for g in got[i]] == pytest.approx([g.score for g in e], abs=1e-4)

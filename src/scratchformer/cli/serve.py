@@ -56,6 +56,12 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "the page and /docs use it)",
     )
     serve.add_argument(
+        "--batching",
+        choices=("continuous", "whole"),
+        help="continuous (default): an input joins a translator's or captioner's running decode at its "
+        "next step; whole: each batch decodes to its end before the next starts",
+    )
+    serve.add_argument(
         "--limit",
         action="append",
         default=[],
@@ -74,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.config:
         data = ServeConfig.from_file(args.config).__dict__.copy()
     data["models"] = [*data.get("models", []), *(ModelSpec.parse(t, args.precision) for t in args.checkpoint)]
-    for name in ("host", "port", "threads", "device", "api_key", "root_path"):
+    for name in ("host", "port", "threads", "device", "api_key", "root_path", "batching"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
     if args.drain is not None:

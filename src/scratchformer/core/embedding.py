@@ -64,6 +64,18 @@ def sinusoidal_table(
     return table.to(dtype)
 
 
+def _rows(table: Tensor, offset: int | Tensor, length: int) -> Tensor:
+    """table[offset : offset + length] (L, D); an ``offset`` (B,) per row: each row's own (B, L, D)."""
+    if isinstance(offset, int):
+        return table[offset : offset + length]
+    return table[offset[:, None] + torch.arange(length, device=offset.device)]
+
+
+def _end(offset: int | Tensor, length: int) -> int:
+    """One past the last position asked for."""
+    return (offset if isinstance(offset, int) else int(offset.max())) + length
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """Adds the fixed sinusoidal table (max_len x D, D even) to its input. A formula, not a weight:
     checkpoints do not store it. Past its length it computes a longer table, never an index error."""
@@ -75,14 +87,15 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.d_model, self.layout = d_model, layout
         self.register_buffer("table", sinusoidal_table(max_len, d_model, layout=layout), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x (B, L, D) -> x + PE[offset : offset + L], same shape and dtype."""
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """x (B, L, D) -> x + PE[offset : offset + L], same shape and dtype; ``offset`` (B,): each
+        row from its own position (rows that joined a running batch: continuous batching)."""
         check_features("x", x, "(B, L, D)", self.d_model)
-        end = offset + x.shape[1]
+        end = _end(offset, x.shape[1])
         if end > self.table.shape[0]:
             longer = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model, layout=self.layout)
             self.table = longer.to(self.table.device)
-        return x + self.table[offset:end].to(x.dtype)
+        return x + _rows(self.table, offset, x.shape[1]).to(x.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -95,13 +108,13 @@ class LearnedPositionalEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x (B, L, D) -> x + P[offset : offset + L]."""
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """x (B, L, D) -> x + P[offset : offset + L]; ``offset`` (B,): each row from its own."""
         check_features("x", x, "(B, L, D)", self.weight.shape[1])
-        end = offset + x.shape[1]
+        end = _end(offset, x.shape[1])
         if end > self.max_len:
             raise ValueError(
                 f"LearnedPositionalEmbedding: positions up to {end} requested, but the table has "
                 f"max_len={self.max_len} positions"
             )
-        return x + self.weight[offset:end].to(x.dtype)
+        return x + _rows(self.weight, offset, x.shape[1]).to(x.dtype)

@@ -81,8 +81,9 @@ class Transformer(nn.Module):
             self.dropout(self.src_pos(self.src_embed(src))), key_padding_mask=src_padding_mask
         )
 
-    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
-        """tgt (B, T) ids at positions offset, offset + 1, ... -> (B, T, D): embedding plus positions."""
+    def embed_target(self, tgt: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """tgt (B, T) ids at positions offset, offset + 1, ... (``offset`` (B,): per row) -> (B, T, D):
+        embedding plus positions."""
         return self.tgt_pos(self.tgt_embed(tgt), offset=offset)
 
     def decode(

@@ -80,8 +80,9 @@ def reference_reason(model: EncoderDecoder) -> str | None:
     return None
 
 
-class _Search:
-    """The bookkeeping: the live sentences, their beams' scores, the finished hypotheses."""
+class BeamState:
+    """The bookkeeping: the live sentences, their beams' scores, the finished hypotheses (also
+    continuous batching's, :mod:`~scratchformer.generation.continuous`)."""
 
     def __init__(self, B: int, k: int, rules: StepRules, length_penalty: float, device: torch.device):
         self.k, self.rules, self.eos, self.length_penalty = k, rules, rules.eos, length_penalty
@@ -94,20 +95,24 @@ class _Search:
         # as the reference compares Python floats
         self.worst = torch.full((B,), float("-inf"), dtype=torch.float64, device=device)
 
-    def _candidates(self, logits: Tensor, tokens: Tensor, step: int, beams: int) -> tuple[Tensor, ...]:
+    def _candidates(
+        self, logits: Tensor, tokens: Tensor, step: int | Tensor, beams: int
+    ) -> tuple[Tensor, ...]:
         """Each row's 2k best next tokens under the rules, from logits (N, V) after tokens (N, step +
-        1) (NaN: an error): their scores, the tokens, and (under a repetition penalty) the model's
-        log-probabilities of them, (N, c) each."""
+        1) (NaN: an error; ``step`` (Bs,): each sentence's own, its tokens left-padded): their
+        scores, the tokens, and (under a repetition penalty) the model's log-probabilities of them,
+        (N, c) each."""
         log_probs = torch.log_softmax(logits, dim=-1)  # one fused pass: faster than topk + logsumexp
         rows = self.sentence if beams == 1 else self.sentence.repeat_interleave(beams)
+        at = step if isinstance(step, int) or beams == 1 else step.repeat_interleave(beams)
         reranks = self.log_prob is not None  # then the model's log-probabilities are read below
-        ranked = self.rules(log_probs, tokens, step, rows, inplace=not reranks)
+        ranked = self.rules(log_probs, tokens, at, rows, inplace=not reranks)
         values, token = ranked.topk(min(2 * self.k, logits.shape[-1]), dim=-1)
-        check_logits(values, step)  # a NaN logit makes its row's log-probabilities NaN
+        check_logits(values, step if isinstance(step, int) else int(step.max()))  # NaN logit: NaN row
         return values, token, log_probs.gather(1, token) if reranks else values
 
     def _extensions(
-        self, logits: Tensor, tokens: Tensor, step: int, beams: int
+        self, logits: Tensor, tokens: Tensor, step: int | Tensor, beams: int
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The 2k best extensions of each live sentence's beams, best first: (score, beam, token, the
         model's summed log-probability), (Bs, 2k) each."""
@@ -125,33 +130,38 @@ class _Search:
             log_prob = F.pad(log_prob, pad, value=float("-inf"))
         return best, beam, token, log_prob
 
-    def _finish(self, ended: Tensor, best: Tensor, log_prob: Tensor, beam: Tensor, tokens: Tensor) -> None:
-        """The extensions ``ended`` (Bs, 2k) by EOS join their sentences' finished hypotheses."""
+    def _finish(
+        self, ended: Tensor, best: Tensor, log_prob: Tensor, beam: Tensor, tokens: Tensor, step: int | Tensor
+    ) -> None:
+        """The extensions ``ended`` (Bs, 2k) by EOS join their sentences' finished hypotheses:
+        each row's last ``step`` tokens (after BOS), then EOS."""
         s, j = ended.nonzero(as_tuple=True)
         beams = tokens.shape[0] // ended.shape[0]
-        ids = tokens[s * beams + beam[s, j], 1:].tolist()
+        ids = tokens[s * beams + beam[s, j]].tolist()
+        lengths = [step] * len(ids) if isinstance(step, int) else step[s].tolist()
         touched = set()
-        for b, hyp, total, lp in zip(
-            self.sentence[s].tolist(), ids, best[s, j].tolist(), log_prob[s, j].tolist()
+        for b, row, n, total, lp in zip(
+            self.sentence[s].tolist(), ids, lengths, best[s, j].tolist(), log_prob[s, j].tolist()
         ):
-            self.finished[b].add(hyp + [self.eos], lp, total)
+            self.finished[b].add(row[len(row) - n :] + [self.eos], lp, total)
             touched.add(b)
         for b in touched:
             self.finished[b].prune()
             self.worst[b] = self.finished[b].worst
 
     def advance(
-        self, logits: Tensor, tokens: Tensor, step: int, beams: int
+        self, logits: Tensor, tokens: Tensor, step: int | Tensor, beams: int
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         """One step of every live sentence from logits (Bs * beams, V) after tokens (Bs * beams,
-        step + 1). Returns the rows the next beams extend (N',), their new tokens (N',) and the
-        live sentences kept, by position (None: all); (None, None, None) when every one is done."""
+        step + 1) (``step`` (Bs,): each sentence's own, its tokens left-padded). Returns the rows
+        the next beams extend (N',), their new tokens (N',) and the live sentences kept, by
+        position (None: all); (None, None, None) when every one is done."""
         best, beam, token, log_prob = self._extensions(logits, tokens, step, beams)
         k, width = self.k, best.shape[1]
         rank = torch.arange(width, device=best.device)
         valid, is_eos = best > float("-inf"), token == self.eos
         if bool((ended := is_eos & valid & (rank < k)).any()):  # only EOS among the k best ends a beam
-            self._finish(ended, best, log_prob, beam, tokens)
+            self._finish(ended, best, log_prob, beam, tokens, step)
         extend = ~is_eos & valid  # the k best of these, in rank order, stay live
         order = torch.where(extend, rank, rank + width).argsort(dim=1)[:, :k]
         kept = extend.gather(1, order)
@@ -159,7 +169,8 @@ class _Search:
         beam = torch.where(kept, beam.gather(1, order), 0)
         token = torch.where(kept, token.gather(1, order), self.eos)
         live = scores[:, 0].double()
-        done = ~kept[:, 0] | out_of_reach(live, step + 1, self.length_penalty, self.worst[self.sentence])
+        length = step + 1 if isinstance(step, int) else (step + 1).double()
+        done = ~kept[:, 0] | out_of_reach(live, length, self.length_penalty, self.worst[self.sentence])
         if bool(done.all()):
             return None, None, None
         rows = torch.arange(len(best), device=best.device)[:, None] * beams + beam  # (Bs, k)
@@ -203,7 +214,7 @@ def fast_beam_search(
     B, k, device = src.shape[0], beam_size, src.device
     rules = default_rules(model, src, bos_id, eos_id, max_len_a, max_len_b) if rules is None else rules
     decoder = DecoderStep(model, memory, src_padding_mask, B * k, rules.steps)
-    search = _Search(B, k, rules, length_penalty, device)
+    search = BeamState(B, k, rules, length_penalty, device)
     tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     beams = 1  # the first step: one beam per sentence
     for step in range(rules.steps):

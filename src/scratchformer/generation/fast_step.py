@@ -31,7 +31,8 @@ Torch's private names are read in four functions only, each saying why: ``_weigh
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +47,7 @@ from scratchformer.generation.interface import EncoderDecoder, QueryMap, target_
 __all__ = ["DecoderStep", "SelfCache"]
 
 Affine = Callable[[Tensor], Tensor]  # x (N, in) -> (N, out)
+_SPANS = 4  # a cache reordered in up to 4 spans of sentences, each over its own filled positions
 
 
 def _weight_version(weight: Tensor) -> int:
@@ -154,29 +156,57 @@ def _feed_forward(ff: nn.Module) -> Affine:
 
 
 class SelfCache:
-    """One layer's self-attention keys/values, (N, H, L, d_k) each, allocated once at the final
-    length L on the first write; position t of rows [0, N) written at step t."""
+    """One layer's self-attention keys/values, (R, H, L, d_k) each for R rows and L positions,
+    allocated (zeroed) on the first write and grown by a copy when rows or positions are added
+    (:meth:`DecoderStep.add`); row i's position t written at its step t."""
 
     def __init__(self, rows: int, length: int):
         self.rows, self.length = rows, length
         self.k: Tensor | None = None
         self.v: Tensor | None = None
 
-    def write(self, t: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (N, H, d_k) at position t -> the first t + 1 positions of the N rows, (N, H, t + 1, d_k)."""
+    def write(self, t: int | Tensor, k: Tensor, v: Tensor, filled: int) -> tuple[Tensor, Tensor]:
+        """k, v (N, H, d_k) at position t (``t`` (N,): each row's own) -> the first ``filled``
+        positions of the N rows, (N, H, filled, d_k). Positions a row has not written yet are zeros
+        or an earlier row's: finite, for its causal bias to hide."""
         N, H, d_k = k.shape
         if self.k is None or self.v is None:
-            self.k = k.new_empty(self.rows, H, self.length, d_k)
-            self.v = v.new_empty(self.rows, H, self.length, v.shape[-1])
-        self.k[:N, :, t] = k
-        self.v[:N, :, t] = v
-        return self.k[:N, :, : t + 1], self.v[:N, :, : t + 1]
+            self.k = k.new_zeros(self.rows, H, self.length, d_k)
+            self.v = v.new_zeros(self.rows, H, self.length, v.shape[-1])
+        row = slice(None, N) if isinstance(t, int) else torch.arange(N, device=k.device)
+        self.k[row, :, t] = k
+        self.v[row, :, t] = v
+        return self.k[:N, :, :filled], self.v[:N, :, :filled]
 
-    def reorder(self, index: Tensor, filled: int) -> None:
-        """Row i becomes old row ``index[i]`` over the ``filled`` positions written so far."""
+    def grow(self, rows: int, length: int) -> None:
+        """Room for at least ``rows`` rows of ``length`` positions, what is written kept."""
+        self.rows, self.length = max(self.rows, rows), max(self.length, length)
+        if self.k is not None and self.v is not None and self.k.shape[::2] != (self.rows, self.length):
+            self.k, self.v = (_grown(x, self.rows, self.length) for x in (self.k, self.v))
+
+    def reorder(self, index: Tensor, filled: int, start: int = 0) -> None:
+        """Row ``start + i`` becomes old row ``index[i]`` over the ``filled`` positions written so far."""
         if self.k is not None and self.v is not None:
-            self.k[: len(index), :, :filled] = self.k[:, :, :filled].index_select(0, index)
-            self.v[: len(index), :, :filled] = self.v[:, :, :filled].index_select(0, index)
+            end = start + len(index)
+            self.k[start:end, :, :filled] = self.k[:, :, :filled].index_select(0, index)
+            self.v[start:end, :, :filled] = self.v[:, :, :filled].index_select(0, index)
+
+
+def _grown(x: Tensor, rows: int, length: int) -> Tensor:
+    """x (R, H, L, d) in a zeroed buffer of ``rows`` rows and ``length`` positions."""
+    out = x.new_zeros(rows, x.shape[1], length, x.shape[3])
+    out[: x.shape[0], :, : x.shape[2]] = x
+    return out
+
+
+class Positions(NamedTuple):
+    """Where a step's rows are: ``t``, the position of every row (an int) or of each (N,);
+    ``filled``, the positions the self-attention reads (one past the last); ``bias`` (N * H, 1,
+    filled), 0 where a row may attend and -inf past its own position (None: every row at t)."""
+
+    t: int | Tensor
+    filled: int
+    bias: Tensor | None
 
 
 def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
@@ -210,13 +240,13 @@ class _Layer:
         """x + f(norm(x)) (pre-LN) or norm(x + f(x)) (post-LN, the paper); eval mode: no dropout."""
         return x + f(norm(x)) if self.norm_first else norm(x + f(x))
 
-    def self_attention(self, y: Tensor, cache: SelfCache, t: int) -> Tensor:
-        """y (N, D) at position t attends to itself and the cached positions before it: (N, D)."""
+    def self_attention(self, y: Tensor, cache: SelfCache, at: Positions) -> Tensor:
+        """y (N, D) at its position attends to itself and the cached positions before it: (N, D)."""
         attn = self.self_attn
         N, H, d_k = y.shape[0], attn.num_heads, attn.d_k
         q, k, v = self.qkv(y).view(N, 3, H, d_k).unbind(1)  # (N, H, d_k) each
-        keys, values = cache.write(t, k, v)  # (N, H, t + 1, d_k): heads as N * H groups of one query
-        out = _attend(attn, q.reshape(N * H, 1, d_k), keys.flatten(0, 1), values.flatten(0, 1), None)
+        keys, values = cache.write(at.t, k, v, at.filled)  # (N, H, filled, d_k): N * H groups of a query
+        out = _attend(attn, q.reshape(N * H, 1, d_k), keys.flatten(0, 1), values.flatten(0, 1), at.bias)
         return self.self_out(out.view(N, H * d_k))
 
     def cross_attention(
@@ -234,15 +264,28 @@ class _Layer:
         self,
         x: Tensor,
         cache: SelfCache,
-        t: int,
+        at: Positions,
         memory_kv: tuple[Tensor, Tensor],
         bias: Tensor | None,
         beams: int,
     ) -> Tensor:
-        """The layer's three sub-layers on x (N, D) at position t: (N, D)."""
-        x = self.sublayer(x, lambda y: self.self_attention(y, cache, t), self.norm1)
+        """The layer's three sub-layers on x (N, D) at its positions: (N, D)."""
+        x = self.sublayer(x, lambda y: self.self_attention(y, cache, at), self.norm1)
         x = self.sublayer(x, lambda y: self.cross_attention(y, memory_kv, bias, beams), self.norm2)
         return self.sublayer(x, self.feed_forward, self.norm3)
+
+
+def _padded(x: Tensor, S: int) -> Tensor:
+    """Memory keys or values (G, S', d_k) padded with zeros to S positions."""
+    return F.pad(x, (0, 0, 0, S - x.shape[1]))
+
+
+def _padded_bias(bias: Tensor | None, keys: Tensor, S: int) -> Tensor:
+    """The additive padding bias (G, 1, S') of memory ``keys`` (G, S', d_k) (None: zeros), -inf
+    over the positions padded to S."""
+    G, width = keys.shape[:2]
+    bias = keys.new_zeros(G, 1, width) if bias is None else bias
+    return F.pad(bias, (0, S - width), value=float("-inf"))
 
 
 def _memory_kv(attn: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor]:
@@ -254,7 +297,8 @@ def _memory_kv(attn: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor
 
 class DecoderStep:
     """One decoding step of ``model``'s decoder stack (:class:`DecoderLayer` s, eval mode) for the
-    live rows, on the memory (B, S, D) of B sentences and its padding mask (B, S), True = real."""
+    live rows, on the memory (B, S, D) of B sentences and its padding mask (B, S), True = real;
+    sentences may join (:meth:`add`) and leave (:meth:`keep`) between steps."""
 
     def __init__(self, model: EncoderDecoder, memory: Tensor, mask: Tensor | None, rows: int, length: int):
         embed = target_embedding(model)
@@ -264,41 +308,104 @@ class DecoderStep:
         self.layers = [_Layer(layer) for layer in model.decoder.layers]
         self.final_norm = model.decoder.norm
         self.generator = affine(model.generator)
-        self.memory_kv = [_memory_kv(layer.cross_attn, memory) for layer in self.layers]
         self.heads = self.layers[0].cross_attn.num_heads if self.layers else 1
-        self.bias = None if mask is None or bool(mask.all()) else self._additive(mask, memory.dtype)
+        self.memory_kv = [_memory_kv(layer.cross_attn, memory) for layer in self.layers]
+        self.bias = self._additive(mask, self.memory_kv, memory.dtype)
         self.caches = [SelfCache(rows, length) for _ in self.layers]
 
-    def _additive(self, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    def _additive(
+        self, mask: Tensor | None, memory_kv: list[tuple[Tensor, Tensor]], dtype: torch.dtype
+    ) -> Tensor | None:
         """The padding mask (B, S), True = may attend, in its additive form (module docstring): a
-        (B * H, 1, S) bias, 0 where True and -inf where False. A sentence with no real token attends
-        to every key and gets zeros, as the core's rule has it (docs/masks.md): its bias is 0 and its
-        memory values are zeroed, so that its attention is exactly 0."""
+        (B * H, 1, S) bias, 0 where True and -inf where False (None: no padding). A sentence with no
+        real token attends to every key and gets zeros, as the core's rule has it (docs/masks.md):
+        its bias is 0 and its memory values (in ``memory_kv``) are zeroed, so that its attention is
+        exactly 0."""
+        if mask is None or bool(mask.all()):
+            return None
         empty = ~mask.any(dim=1)  # (B,)
         if bool(empty.any()):
             mask, groups = mask | empty[:, None], empty.repeat_interleave(self.heads)
-            for _, v in self.memory_kv:
+            for _, v in memory_kv:
                 v[groups] = 0.0
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
         return bias.repeat_interleave(self.heads, dim=0)[:, None, :]
 
-    def __call__(self, tokens: Tensor, t: int, beams: int) -> Tensor:
-        """tokens (N, 1), the token at position t of each row, ``beams`` rows per sentence ->
-        next-token logits (N, V) in fp32."""
-        x = self.embed(tokens, t)[:, 0]  # (N, D)
+    def _positions(self, t: int | Tensor) -> Positions:
+        """Where the step's ``rows`` are (:class:`Positions`): one position, or each row's own."""
+        if isinstance(t, int) or bool((t == t[0]).all()):
+            t = t if isinstance(t, int) else int(t[0])
+            return Positions(t, t + 1, None)
+        filled = int(t.max()) + 1
+        later = torch.arange(filled, device=t.device) > t[:, None]  # (N, filled): not yet, for this row
+        dtype = self.memory_kv[0][0].dtype
+        bias = torch.zeros(later.shape, dtype=dtype, device=t.device).masked_fill_(later, float("-inf"))
+        return Positions(t, filled, bias.repeat_interleave(self.heads, dim=0)[:, None, :])
+
+    def __call__(self, tokens: Tensor, t: int | Tensor, beams: int) -> Tensor:
+        """tokens (N, 1), the token at position t of each row (``t`` (N,): each row's own),
+        ``beams`` rows per sentence -> next-token logits (N, V) in fp32."""
+        at = self._positions(t)
+        x = self.embed(tokens, at.t)[:, 0]  # (N, D)
         for layer, cache, memory_kv in zip(self.layers, self.caches, self.memory_kv):
-            x = layer(x, cache, t, memory_kv, self.bias, beams)
+            x = layer(x, cache, at, memory_kv, self.bias, beams)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return self.generator(x).float()
 
-    def keep(self, rows: Tensor, sentences: Tensor | None, filled: int) -> None:
+    def keep(self, rows: Tensor, sentences: Tensor | None, filled: int | Sequence[int]) -> None:
         """Continue from ``rows`` (N',) of the step's rows; ``sentences``: the live sentences kept
-        (None: all of them)."""
-        for cache in self.caches:
-            cache.reorder(rows, filled)
+        (None: all of them); ``filled``: the positions written so far, of every row, or of each kept
+        sentence (non-increasing: sentences in joining order, :class:`~scratchformer.generation.
+        continuous.ContinuousSearch`), whose rows are then copied in spans of sentences, each over
+        the positions its first sentence filled, not every row over the most any filled."""
+        if isinstance(filled, int):
+            spans = [(0, len(rows), filled)]
+        else:
+            beams, step = len(rows) // len(filled), max(1, -(-len(filled) // _SPANS))
+            spans = [
+                (a * beams, min(a + step, len(filled)) * beams, max(filled[a : a + step]))
+                for a in range(0, len(filled), step)
+            ]
+        for cache in self.caches:  # (a span's rows come from rows at or after its start: in order)
+            for start, end, positions in spans:
+                cache.reorder(rows[start:end], positions, start)
         if sentences is not None:  # their groups of H heads
             heads = torch.arange(self.heads, device=sentences.device)
             groups = (sentences[:, None] * self.heads + heads).view(-1)
             self.memory_kv = [(k[groups], v[groups]) for k, v in self.memory_kv]
             self.bias = None if self.bias is None else self.bias[groups]
+
+    def add(self, memory: Tensor, mask: Tensor | None, rows: int, length: int) -> None:
+        """B' sentences join after the live ones: their memory (B', S', D) and padding mask (B',
+        S'); the caches grow to ``rows`` rows in all and ``length`` positions. The memory keys and
+        values of both are padded to the longer S, the padding hidden by the bias."""
+        new_kv = [_memory_kv(layer.cross_attn, memory) for layer in self.layers]
+        new_bias = self._additive(mask, new_kv, memory.dtype)
+        widths = self.memory_kv[0][0].shape[1], memory.shape[1]
+        S = max(widths)
+        if self.bias is not None or new_bias is not None or widths[0] != widths[1]:
+            self.bias = torch.cat(
+                [
+                    _padded_bias(bias, kv[0][0], S)
+                    for bias, kv in ((self.bias, self.memory_kv), (new_bias, new_kv))
+                ]
+            )
+        self.memory_kv = [
+            (torch.cat([_padded(k, S), _padded(k2, S)]), torch.cat([_padded(v, S), _padded(v2, S)]))
+            for (k, v), (k2, v2) in zip(self.memory_kv, new_kv)
+        ]
+        for cache in self.caches:
+            cache.grow(rows, length)
+
+    def trim(self) -> None:
+        """Drop the memory positions no live sentence attends to (padding for sentences that left)."""
+        if self.bias is None:
+            return
+        used = (self.bias[:, 0] == 0).any(dim=0).nonzero()
+        S = int(used.max()) + 1 if len(used) else self.bias.shape[-1]
+        if S < self.bias.shape[-1]:
+            self.memory_kv = [(k[:, :S], v[:, :S]) for k, v in self.memory_kv]
+            self.bias = self.bias[..., :S]
+        if bool((self.bias == 0).all()):
+            self.bias = None

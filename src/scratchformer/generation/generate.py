@@ -48,14 +48,16 @@ def _prefixes(
     return lists
 
 
-def _rules(
+def step_rules(
     model: EncoderDecoder,
     src: Tensor,
     config: GenerationConfig,
     prefix: Sequence[int] | Sequence[Sequence[int]] | None,
+    lengths: Sequence[int] | None = None,
 ) -> StepRules:
     """The rules of ``config`` for src (B, S) with the forced ``prefix``, the number of new tokens
-    checked against the room the model's max_len leaves."""
+    checked against the room the model's max_len leaves. ``lengths``: each source's own S in
+    ``max_len_a * S + max_len_b`` (default: the padded S, fairseq's rule for a batch)."""
     prefixes = _prefixes(prefix, src.shape[0], model, config)
     longest = max(len(p) for p in prefixes)
     room = model.config.max_len - 1 - longest  # decoder positions left after BOS + prefix
@@ -63,14 +65,15 @@ def _rules(
         raise ValueError(
             f"prefix: {longest} tokens leave no room within the model's max_len={model.config.max_len}"
         )
-    wanted = config.max_new_tokens or max_decode_length(
-        model, src.shape[1], config.max_len_a, config.max_len_b
-    )
-    new_tokens = min(wanted, room)
-    if config.min_new_tokens >= new_tokens:
+    sources = [src.shape[1]] * src.shape[0] if lengths is None else lengths
+    new_tokens = [
+        min(config.max_new_tokens or max_decode_length(model, S, config.max_len_a, config.max_len_b), room)
+        for S in sources
+    ]
+    if config.min_new_tokens >= min(new_tokens):
         raise ValueError(
-            f"min_new_tokens={config.min_new_tokens} must be < the {new_tokens} new tokens allowed here "
-            "(max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)"
+            f"min_new_tokens={config.min_new_tokens} must be < the {min(new_tokens)} new tokens allowed "
+            "here (max_new_tokens, or max_len_a * S + max_len_b, within the model's max_len)"
         )
     return StepRules(config, model.config.pad_id, prefixes, new_tokens, src.device)
 
@@ -113,7 +116,7 @@ def generate(
         the best first for beam search, in drawing order for samples.
     """
     config = config or GenerationConfig()
-    rules = _rules(model, src, config, prefix)
+    rules = step_rules(model, src, config, prefix)
     if config.num_beams > 1:  # the reference's search, doing only the work it must (fast_beam.py)
         return fast_beam_search(
             model,

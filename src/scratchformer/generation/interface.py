@@ -58,8 +58,9 @@ class EmbedsTarget(Protocol):
     captioning Transformer): what :class:`~scratchformer.generation.fast_step.DecoderStep` needs
     besides the decoder stack."""
 
-    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
-        """tgt (B, T) ids at positions offset, offset + 1, ... -> (B, T, D), before dropout."""
+    def embed_target(self, tgt: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """tgt (B, T) ids at positions offset, offset + 1, ... (``offset`` (B,): one per row) ->
+        (B, T, D), before dropout."""
         ...
 
 
@@ -72,7 +73,7 @@ class QueryMap(Protocol):
     q_proj: nn.Module
 
 
-def target_embedding(model: object) -> Callable[[Tensor, int], Tensor] | None:
+def target_embedding(model: object) -> Callable[[Tensor, int | Tensor], Tensor] | None:
     """``model``'s decoder input for tokens (N, T) at position ``offset``, as its ``decode`` computes
     it in eval mode: :meth:`EmbedsTarget.embed_target`; None for a model without it."""
     return model.embed_target if isinstance(model, EmbedsTarget) else None

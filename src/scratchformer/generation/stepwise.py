@@ -11,7 +11,7 @@ from torch import Tensor
 from scratchformer.generation.interface import EncoderDecoder, check_logits, start_decoding
 from scratchformer.generation.rules import StepRules
 
-__all__ = ["decode_stepwise", "warp"]
+__all__ = ["decode_stepwise", "draw", "warp"]
 
 
 def warp(scores: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -31,7 +31,7 @@ def warp(scores: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float 
     return scores
 
 
-def _draw(scores: Tensor, generators: Sequence[torch.Generator] | torch.Generator | None) -> Tensor:
+def draw(scores: Tensor, generators: Sequence[torch.Generator] | torch.Generator | None) -> Tensor:
     """One token per row from softmax(scores); a list of generators: one per row, so a row draws the
     same numbers in any batch."""
     probs = scores.softmax(dim=-1)
@@ -85,7 +85,7 @@ def decode_stepwise(
         all_logits.append(logits)
         scores = rules(logits.float(), tokens, step, rows)
         if config.do_sample:
-            next_token = _draw(warp(scores, config.temperature, config.top_k, config.top_p), generators)
+            next_token = draw(warp(scores, config.temperature, config.top_k, config.top_p), generators)
         else:
             next_token = scores.argmax(dim=-1)
         chosen = torch.log_softmax(logits.float(), dim=-1).gather(1, next_token[:, None])[:, 0]

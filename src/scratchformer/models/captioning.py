@@ -171,9 +171,9 @@ class CaptioningTransformer(nn.Module):
                 x = x + self.region_positions
         return self.encoder(self.dropout(x))
 
-    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
-        """tgt (B, T) caption ids at positions offset, offset + 1, ... -> (B, T, D): embedding plus
-        positions, before dropout."""
+    def embed_target(self, tgt: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """tgt (B, T) caption ids at positions offset, offset + 1, ... (``offset`` (B,): per row) ->
+        (B, T, D): embedding plus positions, before dropout."""
         return self.pos(self.embed(tgt), offset=offset)
 
     def decode(

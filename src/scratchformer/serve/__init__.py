@@ -1,4 +1,4 @@
-"""``scratchformer serve``: trained models behind HTTP, with micro-batching, limits, metrics and a
+"""``scratchformer serve``: trained models behind HTTP, with continuous batching, limits, metrics and a
 web page that shows their attention. A room above the tasks' Python API, which it calls and never
 bypasses: of the package it imports tasks/ and generation/ only.
 

@@ -6,10 +6,18 @@ inference thread takes the oldest waiting input, waits at most ``max_wait_ms`` f
 (only when others are due: more inputs wait already, or requests have lately come closer together
 than ``max_wait_ms``; a lone request at a quiet time starts at once), then gathers the waiting
 inputs with the same parameters, oldest first, up to ``max_batch_size`` inputs and
-``max_batch_tokens`` (inputs x the longest one's tokens), and runs them in one call of the model
-(which sorts them by length). Inputs of a request whose deadline passed or whose client went
-away are dropped, never computed. A batch that fails is run again request by request, so one bad
-input fails its own request only.
+``max_batch_tokens`` (inputs x the longest one's tokens).
+
+A translator or captioner decodes them by continuous batching (the server's default,
+``batching: continuous``): the batch starts a running search (:meth:`ServedModel.session`), and
+before each of its steps the inputs that arrived meanwhile join it, oldest first while they have
+its parameters and fit the two limits; an input's answer goes to its request at the step it
+finishes. Any other model, an input of other parameters, and ``batching: whole`` run a batch in
+one call of the model (which sorts it by length) before the next batch starts.
+
+Inputs of a request whose deadline passed or whose client went away are dropped, never computed
+(or no further). A batch or a running search that fails is run again request by request, so one
+bad input fails its own request only.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from scratchformer.serve.config import Limits
 from scratchformer.serve.errors import Overloaded
 from scratchformer.serve.metrics import Metrics
 from scratchformer.serve.served import Options, ServedModel
+from scratchformer.serve.session import Session
 
 __all__ = ["Job", "MicroBatcher"]
 
@@ -92,13 +101,14 @@ class Job:
 class MicroBatcher:
     """One model's queue and inference thread."""
 
-    def __init__(self, model: ServedModel, limits: Limits, metrics: Metrics):
-        self.model, self.limits, self.metrics = model, limits, metrics
+    def __init__(self, model: ServedModel, limits: Limits, metrics: Metrics, continuous: bool = True):
+        self.model, self.limits, self.metrics, self.continuous = model, limits, metrics, continuous
         self._queue: deque[tuple[Job, int]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._last_arrival: float | None = None
         self._mean_gap = float("inf")  # between requests' arrivals, seconds (an exponential moving mean)
+        self._stream: TokenStream | None = None  # the running search's
         self._thread = threading.Thread(target=self._work, name=f"inference-{model.name}", daemon=True)
         metrics.queue_depth.labels(model.name).set_function(lambda: len(self._queue))
 
@@ -142,8 +152,105 @@ class MicroBatcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            if batch:
+            session = self._session(batch[0][0]) if batch else None
+            if session is not None:
+                self._decode(session, batch)
+            elif batch:
                 self._run(batch)
+
+    def _session(self, job: Job) -> Session | None:
+        """A running search for inputs of ``job``'s parameters, or None (whole batches)."""
+        if not self.continuous or job.method != "run":
+            return None
+        options = job.options
+        self._stream = TokenStream(self.model, options) if self.model.streams_tokens(options) else None
+        return self.model.session(options, self._stream)
+
+    def _decode(self, session: Session, batch: list[tuple[Job, int]]) -> None:
+        """Continuous batching: ``batch`` starts the search; before each step the waiting inputs
+        that may join it do; each answer is delivered at the step its input finishes."""
+        name, key, live = self.model.name, batch[0][0].key, {}
+        self._join(session, batch, live)
+        while session.live:
+            self._join(session, self._admit(key, live), live)
+            self._cancel_dead(session, live)
+            if not session.live:
+                break
+            start = time.monotonic()
+            try:
+                finished = session.step()
+            except Exception:  # noqa: BLE001 - run again request by request: one fails alone
+                for job in dict.fromkeys(job for job, _ in live.values()):
+                    self._run([entry for entry in live.values() if entry[0] is job])
+                return
+            self.metrics.inference.labels(name).observe(time.monotonic() - start)
+            self.metrics.batch_size.labels(name).observe(session.live + len(finished))
+            for tag, answer in finished:
+                job, i = self._leave(live, tag)
+                self.metrics.tokens.labels(name, "output").inc(len(answer.get("tokens", ())))
+                job.answer(i, answer)
+
+    def _join(self, session: Session, entries: list[tuple[Job, int]], live: dict) -> None:
+        """``entries`` join the running search (one that fails to: each request alone, so that a
+        bad input fails its own request only)."""
+        if not entries:
+            return
+        now, name = time.monotonic(), self.model.name
+        try:
+            session.join(entries, [job.items[i] for job, i in entries])
+        except Exception as error:  # noqa: BLE001 - each request gets its own answer
+            jobs = list(dict.fromkeys(job for job, _ in entries))
+            if len(jobs) == 1:
+                jobs[0].fail(error)
+                return
+            for job in jobs:
+                self._join(session, [e for e in entries if e[0] is job], live)
+            return
+        for job, i in entries:
+            live[(job, i)] = (job, i)
+            self.metrics.queue_time.labels(name).observe(now - job.enqueued)
+            self.metrics.tokens.labels(name, "input").inc(job.lengths[i])
+
+    def _admit(self, key: tuple[str, str], live: dict) -> list[tuple[Job, int]]:
+        """The waiting inputs that join before the next step: oldest first, while they have the
+        search's parameters (``key``: an input of others waits for the search to end) and fit
+        ``max_batch_size`` and ``max_batch_tokens`` with the live ones. They join once all that
+        wait fit, or a quarter of the batch is free: under a full load, several at a time (one
+        encoder call, one growth of the batch's memory; 7% more throughput at 64 clients)."""
+        limits, taken = self.limits, []
+        longest = max((job.lengths[i] for job, i in live.values()), default=0)
+        with self._cond:
+            free = limits.max_batch_size - len(live)
+            if free < min(max(1, limits.max_batch_size // 4), len(self._queue)):
+                return []
+            now = time.monotonic()
+            while self._queue and len(live) + len(taken) < limits.max_batch_size:
+                job, i = self._queue[0]
+                if job.dead(now):
+                    self._queue.popleft()
+                    self._drop(job, i, now)
+                    continue
+                longer = max(longest, job.lengths[i])
+                if job.key != key or (len(live) + len(taken) + 1) * longer > limits.max_batch_tokens:
+                    break
+                taken.append(self._queue.popleft())
+                longest = longer
+        return taken
+
+    def _cancel_dead(self, session: Session, live: dict) -> None:
+        """Inputs whose request passed its deadline or went away are decoded no further."""
+        now = time.monotonic()
+        dead = [tag for tag, (job, _) in live.items() if job.dead(now)]
+        if dead:
+            session.cancel(dead)
+            for tag in dead:
+                self._drop(*self._leave(live, tag), now)
+
+    def _leave(self, live: dict, tag: tuple[Job, int]) -> tuple[Job, int]:
+        """An input leaves the running search: its entry, its stream's state forgotten."""
+        if self._stream is not None:
+            self._stream.forget(tag)
+        return live.pop(tag)
 
     def _next_batch(self) -> list[tuple[Job, int]] | None:
         """The next batch (possibly empty, when all it found was dropped); None when stopping."""
@@ -232,36 +339,49 @@ class MicroBatcher:
             and any(j.on_token for j, _ in batch)
             and self.model.streams_tokens(job.options)
         ):
-            return self.model.run(items, job.options, on_step=TokenStream(self.model, batch))
+            stream = TokenStream(self.model, job.options)
+            return self.model.run(
+                items, job.options, on_step=lambda rows, t: stream([batch[k] for k in rows], t)
+            )
         return getattr(self.model, job.method)(items, job.options)
 
 
 class TokenStream:
-    """A batch's decoding steps as its streaming jobs' token events: for each output of each input,
-    the chosen token's id and the text it adds to the output. Text that ends in an incomplete
-    character (byte-level pieces: U+FFFD) is held back until the character is whole, as Hugging
-    Face's TextStreamer does; the end of an output is a ``special`` token (EOS) with what was held."""
+    """Decoding steps as their streaming jobs' token events: for each output of each input, the
+    chosen token's id and the text it adds to the output. Text that ends in an incomplete character
+    (byte-level pieces: U+FFFD) is held back until the character is whole, as Hugging Face's
+    TextStreamer does; the end of an output is a ``special`` token (EOS) with what was held."""
 
-    def __init__(self, model: ServedModel, batch: list[tuple[Job, int]]):
-        self.model, self.batch = model, batch
-        self.eos = batch[0][0].options.config.eos_token_id  # (the batch's decoding: one config)
-        self.outputs: dict[tuple[int, int], tuple[list[int], str]] = {}  # (input, sequence) -> ids, sent
-        self.ended: set[tuple[int, int]] = set()
+    def __init__(self, model: ServedModel, options: Options):
+        self.model = model
+        self.eos = options.config.eos_token_id if options.config is not None else None
+        self.outputs: dict[tuple[Job, int, int], tuple[list[int], str]] = {}  # (job, input, sequence)
+        self.ended: set[tuple[Job, int, int]] = set()
 
-    def __call__(self, rows: list[int], tokens: Any) -> None:
-        sequence: dict[int, int] = {}
-        for k, token in zip(rows, tokens.tolist()):
-            j = sequence[k] = sequence.get(k, -1) + 1  # the n outputs of an input: consecutive rows
-            job, i = self.batch[k]
-            if job.on_token is None or (k, j) in self.ended:
+    def forget(self, tag: tuple[Job, int]) -> None:
+        """Input ``tag`` left a running search: what its outputs streamed is no longer needed."""
+        for key in [key for key in self.ended if key[:2] == tag]:
+            self.ended.discard(key)
+        for key in [key for key in self.outputs if key[:2] == tag]:
+            del self.outputs[key]
+
+    def __call__(self, inputs: list[tuple[Job, int]], tokens: Any) -> None:
+        """A step: the input of each row (its n outputs in consecutive rows) and its token (N,)."""
+        sequence: dict[tuple[Job, int], int] = {}
+        for (job, i), token in zip(inputs, tokens.tolist()):
+            j = sequence[(job, i)] = sequence.get((job, i), -1) + 1
+            key = (job, i, j)
+            if job.on_token is None or key in self.ended:
                 continue
-            ids, sent = self.outputs.get((k, j), ([], ""))
+            ids, sent = self.outputs.get(key, ([], ""))
             special = token == self.eos
             if special:
-                self.ended.add((k, j))
+                self.ended.add(key)
             else:
                 ids = [*ids, token]
             text = self.model.text_of(ids)
             new = "" if text.endswith("\ufffd") and not special else text[len(sent) :]
-            self.outputs[(k, j)] = ids, sent + new
+            self.outputs[key] = ids, sent + new
+            if special:  # (a running search streams for as long as it runs: keep only what is live)
+                del self.outputs[key]
             job.token(i, {"sequence": j, "token": {"id": token, "text": new, "special": special}})

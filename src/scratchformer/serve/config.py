@@ -5,6 +5,7 @@ models:
   - {name: de-en, path: runs/multi30k/best, precision: int8}
   - {name: imdb, path: runs/imdb/best}
 port: 8000
+batching: continuous
 limits: {max_batch_size: 32, max_wait_ms: 5, timeout_s: 30}
 """
 
@@ -24,6 +25,7 @@ from scratchformer.core.keys import reject_unknown
 __all__ = ["Limits", "ModelSpec", "ServeConfig"]
 
 PRECISIONS = ("fp32", "bf16", "int8")
+BATCHING = ("continuous", "whole")
 A_DAY = 86_400  # the longest any of the server's waits may be, in seconds
 MAX_THREADS = 1024
 
@@ -101,7 +103,9 @@ class ServeConfig:
     ``Authorization: Bearer KEY``; ``cors_origins``: the browser origins allowed to call it (none:
     CORS off); ``drain_s``: after SIGTERM, how long /ready answers 503 while requests still run;
     ``root_path``: the path prefix a proxy serves it under (``/scratchformer``: the proxy forwards
-    ``/scratchformer/v1/...`` as ``/v1/...``), as uvicorn's ``--root-path``."""
+    ``/scratchformer/v1/...`` as ``/v1/...``), as uvicorn's ``--root-path``; ``batching``:
+    "continuous" (translators and captioners: an input joins the running decode at its next step)
+    or "whole" (every model: a batch decodes to its end before the next one starts)."""
 
     models: list[ModelSpec]
     host: str = "127.0.0.1"
@@ -112,6 +116,7 @@ class ServeConfig:
     cors_origins: list[str] = field(default_factory=list)
     drain_s: float = 5.0
     root_path: str = ""
+    batching: str = "continuous"
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -130,6 +135,8 @@ class ServeConfig:
             raise ValueError(f"threads must be in 1..{MAX_THREADS}, got {self.threads}")
         if not 0 <= self.drain_s <= A_DAY:
             raise ValueError(f"drain_s must be 0 to {A_DAY} seconds, got {self.drain_s}")
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING}, got {self.batching!r}")
         if self.root_path and not (
             self.root_path.startswith("/") and not self.root_path.endswith("/") and "//" not in self.root_path
         ):

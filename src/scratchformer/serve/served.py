@@ -12,6 +12,7 @@ package; that path imports until 0.13, with a DeprecationWarning."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -23,10 +24,12 @@ from typing import Any
 import torch
 
 from scratchformer.generation import GenerationConfig
+from scratchformer.generation.fast_beam import reference_reason
 from scratchformer.generation.interface import max_decode_length
 from scratchformer.serve.config import ModelSpec
 from scratchformer.serve.errors import RequestError
 from scratchformer.serve.parameters import GenerationParameters, check_text, shown, token_ranges
+from scratchformer.serve.session import Session
 from scratchformer.tasks.shared import UnknownKind, checkpoint_kind, generated_answer
 
 __all__ = ["SERVED", "Options", "ServedModel", "load_served", "served_class"]
@@ -110,6 +113,12 @@ class ServedModel:
     def streams_tokens(self, options: Options) -> bool:
         """Whether a stream of these options gets its tokens one by one (greedy search, sampling)."""
         return False
+
+    def session(self, options: Options, on_step: Any = None) -> Session | None:
+        """(inference thread) A running decode that inputs of ``options`` join between its steps
+        (continuous batching; ``on_step(tags, tokens)`` as :meth:`run`'s), or None: this model runs
+        whole batches (:meth:`run`)."""
+        return None
 
     def autocast(self) -> torch.autocast:
         """bf16 by autocast for a model served at "bf16" whose task has no bf16 copy of its own."""
@@ -203,6 +212,25 @@ class _Generating(ServedModel):
         """An output's text so far (for streaming)."""
         raise NotImplementedError
 
+    def session(self, options: Options, on_step: Any = None) -> Session | None:
+        if reference_reason(self.task.model) is not None:  # (an ensemble): whole batches
+            return None
+        values = options.values
+        return Session(self, self.task.session(options.config, values["prefix"], values["seed"], on_step))
+
+    def model_inputs(self, items: Sequence[Any]) -> Any:
+        """Inputs as the task's session takes them."""
+        return items
+
+    def first_fields(self, item: Any) -> dict[str, Any]:
+        """What an answer says before its outputs (the command line's JSON line: a source)."""
+        return {}
+
+    def decoding(self) -> Any:
+        """The context a decoding step runs in (bf16 autocast, for a model whose task has no bf16
+        copy of its own)."""
+        return contextlib.nullcontext()
+
 
 def _generating_options(config: GenerationConfig, seed: int | None, prefix: str | None) -> Options:
     """Options of a generating model: requests that decode alike (one ``key``) share batches."""
@@ -236,6 +264,9 @@ class ServedTranslator(_Generating):
 
     def text_of(self, ids: list[int]) -> str:
         return self.task.tokenizer.decode(ids)
+
+    def first_fields(self, text: str) -> dict[str, Any]:
+        return {"source": text}
 
     def run(self, items: Sequence[str], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
         values = options.values
@@ -309,6 +340,12 @@ class ServedCaptioner(_Generating):
 
     def text_of(self, ids: list[int]) -> str:
         return self.task.vocab.decode(ids)
+
+    def model_inputs(self, items: Sequence[Any]) -> torch.Tensor:
+        return self.images(items)[0]
+
+    def decoding(self) -> torch.autocast:
+        return self.autocast()
 
     def run(self, items: Sequence[Any], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
         inputs, _ = self.images(items)

@@ -55,7 +55,8 @@ class ServerState:
 
     def _add(self, model: ServedModel) -> None:
         model.warm_up()
-        batcher = MicroBatcher(model, self.limits, self.metrics)
+        continuous = self.config.batching == "continuous"
+        batcher = MicroBatcher(model, self.limits, self.metrics, continuous)
         batcher.start()
         self.models[model.name], self.batchers[model.name] = model, batcher
 

@@ -24,11 +24,13 @@ from scratchformer.data.captions import CaptionExamples, Vocabulary, load_image
 from scratchformer.data.image_features import extract_image_features, load_photo
 from scratchformer.fast import optimize
 from scratchformer.generation import GenerationConfig, generate, greedy_decode
+from scratchformer.generation.continuous import ContinuousSearch
+from scratchformer.generation.hypotheses import Hypothesis
 from scratchformer.models.captioning import CaptioningConfig, CaptioningTransformer
 from scratchformer.models.image_encoder import IMAGE_ENCODERS, ImageEncoder
 from scratchformer.models.patch_embedding import PatchEmbedding
 from scratchformer.tasks.captioning.figures import plot_caption_attention
-from scratchformer.tasks.shared import Generated, check_batch, choose_from_grid, rows_named
+from scratchformer.tasks.shared import DecodingSession, Generated, check_batch, choose_from_grid, rows_named
 from scratchformer.training import resolve_device
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
 from scratchformer.viz.attention_maps import record_attention
@@ -152,10 +154,26 @@ class Captioner:
             batch = inputs[start : start + batch_size].to(self.device)
             step = rows_named(on_step, list(range(start, start + len(batch))), config.num_return_sequences)
             for hyps in generate(self.model, batch, config, prefix_ids, seed, on_step=step):
-                out.append(
-                    [Generated(self.vocab.decode(h.tokens), h.tokens[:-1], h.log_prob, h.score) for h in hyps]
-                )
+                out.append([self._generated(h) for h in hyps])
         return out
+
+    def session(
+        self,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        on_step: Callable[[list[Any], Tensor], None] | None = None,
+    ) -> DecodingSession:
+        """Inputs (as :meth:`generate` takes them) captioned by continuous batching, as
+        :meth:`Translator.session <scratchformer.tasks.translation.Translator.session>` translates."""
+        config = config or self.generation_config()
+        search = ContinuousSearch(self.model, config, seed, on_step)
+        inputs = lambda batch: (batch.to(self.device), None)  # noqa: E731
+        return DecodingSession(search, inputs, self.vocab.encode(prefix) if prefix else None, self._generated)
+
+    def _generated(self, h: Hypothesis) -> Generated:
+        """A hypothesis (its tokens end with END) as a caption."""
+        return Generated(self.vocab.decode(h.tokens), h.tokens[:-1], h.log_prob, h.score)
 
     def caption(
         self,

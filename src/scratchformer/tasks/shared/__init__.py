@@ -7,6 +7,7 @@ share lives here or lower):
     decoding    a recipe's ``decoding`` section and ``decoding_grid``
     outputs     what generation returns (:class:`Generated`, the command line's JSON line)
     kinds       what kind of checkpoint a directory holds (:data:`KINDS`, :func:`checkpoint_kind`)
+    session     inputs decoded by continuous batching (:class:`DecodingSession`)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scratchformer.tasks.shared.kinds import KINDS, UnknownKind, checkpoint_kind
 from scratchformer.tasks.shared.outputs import Generated, generated_answer, rows_named
 from scratchformer.tasks.shared.run import TrainingRun, stopped_early
 from scratchformer.tasks.shared.sequences import label_smoothed_loss, pad_ids
+from scratchformer.tasks.shared.session import DecodingSession
 
 __all__ = [
     "CAPTIONING_DECODING",
@@ -33,6 +35,7 @@ __all__ = [
     "KINDS",
     "TRANSLATION_DECODING",
     "DecodingOptions",
+    "DecodingSession",
     "Generated",
     "TrainingRun",
     "UnknownKind",

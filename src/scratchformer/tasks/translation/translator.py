@@ -28,12 +28,9 @@ from scratchformer.formats.hf_generation import hf_generation_config, model_card
 from scratchformer.formats.marian import is_marian_dir, load_marian, marian_export
 from scratchformer.formats.onnx_translator import export_translator_onnx
 from scratchformer.generation import Ensemble, GenerationConfig, generate
-from scratchformer.tasks.shared import (
-    Generated,
-    check_batch,
-    pad_ids,
-    rows_named,
-)
+from scratchformer.generation.continuous import ContinuousSearch
+from scratchformer.generation.hypotheses import Hypothesis
+from scratchformer.tasks.shared import DecodingSession, Generated, check_batch, pad_ids, rows_named
 from scratchformer.training import resolve_device
 from scratchformer.training.checkpoint import load_checked, open_checkpoint
 from scratchformer.viz.attention_maps import plot_attention, record_attention
@@ -176,11 +173,7 @@ class Translator:
         tokens (N,) its N rows chose, and for each row the position of its text in ``texts``."""
         config = config or self.generation_config()
         check_batch(batch_size, config.num_beams)
-        sources = self.encode_sources(texts)
-        prefix_ids = None
-        if prefix:  # target-side tokens (a Marian model has a target sentencepiece model of its own)
-            target = getattr(self.tokenizer, "encode_target", None)
-            prefix_ids = target(prefix).ids if target else _encode(self.tokenizer, [prefix])[0]  # type: ignore[arg-type]
+        sources, prefix_ids = self.encode_sources(texts), self._prefix_ids(prefix)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         out: list[list[Generated]] = [[] for _ in sources]
         for start in range(0, len(order), batch_size):
@@ -188,11 +181,36 @@ class Translator:
             src = pad_ids([sources[i] for i in index], self.device, self.pad)
             step = rows_named(on_step, index, config.num_return_sequences)
             for i, hyps in zip(index, generate(self.model, src, config, prefix_ids, seed, on_step=step)):
-                out[i] = [
-                    Generated(self.tokenizer.decode(h.tokens[:-1]), h.tokens[:-1], h.log_prob, h.score)
-                    for h in hyps
-                ]
+                out[i] = [self._generated(h) for h in hyps]
         return out
+
+    def session(
+        self,
+        config: GenerationConfig | None = None,
+        prefix: str | None = None,
+        seed: int | None = None,
+        on_step: Callable[[list[Any], Tensor], None] | None = None,
+    ) -> DecodingSession:
+        """Texts translated by continuous batching (:class:`~scratchformer.tasks.shared.DecodingSession`):
+        they join a running search between its steps and leave as they finish, each with the
+        translations :meth:`generate` gives it alone. ``on_step(tags, tokens)``: greedy search and
+        sampling, each step's tokens (N,) with the tag of each row's text. A model that the fast
+        step cannot compute (an ensemble) is a ``ValueError``."""
+        config = config or self.generation_config()
+        search = ContinuousSearch(self.model, config, seed, on_step)
+        inputs = lambda texts: (pad_ids(self.encode_sources(texts), self.device, self.pad), None)  # noqa: E731
+        return DecodingSession(search, inputs, self._prefix_ids(prefix), self._generated)
+
+    def _prefix_ids(self, prefix: str | None) -> list[int] | None:
+        """A prefix's target-side tokens (a Marian model has a target sentencepiece model of its own)."""
+        if not prefix:
+            return None
+        target = getattr(self.tokenizer, "encode_target", None)
+        return target(prefix).ids if target else _encode(self.tokenizer, [prefix])[0]  # type: ignore[arg-type]
+
+    def _generated(self, h: Hypothesis) -> Generated:
+        """A hypothesis (its tokens end with EOS) as a translation."""
+        return Generated(self.tokenizer.decode(h.tokens[:-1]), h.tokens[:-1], h.log_prob, h.score)
 
     def translate(
         self,
