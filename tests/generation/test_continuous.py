@@ -185,3 +185,27 @@ def test_images_that_join_a_running_captioning_search_get_their_captions_alone()
             got.update(search.step())
             step += 1
         assert {i: tokens(h) for i, h in got.items()} == {i: tokens(h) for i, h in expected.items()}
+
+
+def test_a_stream_that_raises_leaves_the_search_whole() -> None:
+    """``on_step`` runs once the step's bookkeeping is done: a caller that catches its error and
+    steps on gets every sentence's outputs alone."""
+    model, src = sharp_model(3, False), padded_sources(3, LENGTHS)
+    config = config_of("sampling")
+    calls = []
+
+    def stream(tags, tokens) -> None:
+        calls.append(len(tags))
+        if len(calls) == 2:
+            raise RuntimeError("the client's socket closed")
+
+    search, got = ContinuousSearch(model, config, seed=SEED, on_step=stream), {}
+    search.join(src[:4, :9], [0, 1, 2, 3])
+    while search.live:
+        try:
+            got.update(search.step())
+        except RuntimeError:
+            pass
+    expected = alone(model, src[:4], config)
+    assert_as_alone(model, src[:4], got, expected, "sampling")
+    assert calls[0] == 4 * 3  # every row of the step, its tag each

@@ -152,3 +152,28 @@ def test_batching_is_continuous_or_whole() -> None:
     ):
         ServeConfig([ModelSpec("de-en", str(TRANSLATION))], batching="sometimes")
     assert ServeConfig([ModelSpec("de-en", str(TRANSLATION))]).batching == "continuous"
+
+
+def test_once_an_input_fails_its_requests_other_inputs_are_computed_no_further() -> None:
+    model = load_served(ModelSpec("de-en", str(TRANSLATION)))
+    session = model.session
+
+    def failing_session(options, on_step=None):
+        search = session(options, on_step)
+        join = search.join
+
+        def failing(tags, items):
+            if "boom" in items:
+                raise ValueError("boom is not a text this model reads")
+            return join(tags, items)
+
+        search.join = failing
+        return search
+
+    model.session = failing_session
+    app = create_app(ServeConfig([model.spec], limits=Limits(max_batch_size=1)), [model])
+    with client_for_app(app) as c:
+        refused(c.post("/v1/translate", json={"inputs": ["ein Mann", "boom", "eine Frau"]}), 422, "boom")
+        time.sleep(0.3)
+        metrics = c.get("/metrics").text
+    assert 'scratchformer_dropped_inputs_total{model="de-en",reason="failed"} 1.0' in metrics

@@ -189,7 +189,9 @@ class ContinuousSearch:
     ``do_sample``, else greedy search) over sentences that join between steps (:meth:`join`) and
     leave as they finish (:meth:`step`). ``seed``: sampling, as :func:`~scratchformer.generation.
     generate`'s. ``on_step(tags, tokens)``: greedy search and sampling, after each step, the tag of
-    each row and the token (N,) it chose (a row that ended: the pad id), to stream. A model that
+    each row and the token (N,) it chose (a row that ended: the pad id), to stream, called once the
+    step's bookkeeping is done (if it raises, the search is whole, and the outputs that finished at
+    that step are lost with the step's return value). A model that
     the fast step cannot compute (:func:`~scratchformer.generation.fast_beam.reference_reason`) is
     a ``ValueError``."""
 
@@ -278,20 +280,21 @@ class ContinuousSearch:
         positions = step if isinstance(step, int) else self.steps.repeat_interleave(k)
         logits = self.decoder(self.tokens[:, -1:], positions, k)
         rows, token, kept, ended = self.state.advance_all(logits, self.tokens, step)
-        if self.on_step is not None and isinstance(self.state, _Drawn):
-            self.on_step([tag for tag in self.tags for _ in range(k)], self.state.chosen)
+        row_tags, drawn = [tag for tag in self.tags for _ in range(k)], self.state
         finished = [(self.tags[p], hyps) for p, hyps in ended.items()]
         if not len(kept):
             self._reset()
-            return finished
-        kept_list = kept.tolist()
-        filled = [at[p] + 1 for p in kept_list]  # the positions each kept sentence has written
-        self.decoder.keep(rows, kept if ended else None, filled[0] if isinstance(step, int) else filled)
-        if ended:
-            self.decoder.trim()
-        self.steps = self.steps[kept] + 1
-        self.tokens = torch.cat([self.tokens[rows], token[:, None]], dim=1)[:, -(filled[0] + 1) :]
-        self.tags = [self.tags[p] for p in kept_list]
+        else:
+            kept_list = kept.tolist()
+            filled = [at[p] + 1 for p in kept_list]  # the positions each kept sentence has written
+            self.decoder.keep(rows, kept if ended else None, filled[0] if isinstance(step, int) else filled)
+            if ended:
+                self.decoder.trim()
+            self.steps = self.steps[kept] + 1
+            self.tokens = torch.cat([self.tokens[rows], token[:, None]], dim=1)[:, -(filled[0] + 1) :]
+            self.tags = [self.tags[p] for p in kept_list]
+        if self.on_step is not None and isinstance(drawn, _Drawn):  # (once the search is whole again)
+            self.on_step(row_tags, drawn.chosen)
         return finished
 
     @torch.no_grad()

@@ -55,6 +55,7 @@ class Job:
     on_answer: Callable[[int, dict[str, Any]], None] | None = None
     on_token: Callable[[int, dict[str, Any]], None] | None = None
     cancelled: bool = False  # the client went away, or the server answered 504
+    failed: bool = False  # an input of it failed: the rest need no computing
     answers: list[Any] = field(default_factory=list)
     enqueued: float = 0.0
 
@@ -68,7 +69,7 @@ class Job:
         return (self.method, self.options.key if self.method == "run" else str(id(self)))
 
     def dead(self, now: float) -> bool:
-        return self.cancelled or now > self.deadline
+        return self.cancelled or self.failed or now > self.deadline
 
     def answer(self, index: int, answer: dict[str, Any]) -> None:
         """(inference thread) One input done; the last one resolves the future."""
@@ -85,6 +86,8 @@ class Job:
             self.on_token(index, token)
 
     def fail(self, error: BaseException) -> None:
+        """(inference thread) The request fails: its other inputs are computed no further."""
+        self.failed = True
         self._loop.call_soon_threadsafe(self._set_exception, error)
 
     def _deliver(self, index: int, answer: dict[str, Any], last: bool) -> None:
@@ -180,7 +183,8 @@ class MicroBatcher:
             try:
                 finished = session.step()
             except Exception:  # noqa: BLE001 - run again request by request: one fails alone
-                for job in dict.fromkeys(job for job, _ in live.values()):
+                now = time.monotonic()
+                for job in dict.fromkeys(job for job, _ in live.values() if not job.dead(now)):
                     self._run([entry for entry in live.values() if entry[0] is job])
                 return
             self.metrics.inference.labels(name).observe(time.monotonic() - start)
@@ -305,7 +309,7 @@ class MicroBatcher:
         return window
 
     def _drop(self, job: Job, index: int, now: float) -> None:
-        reason = "deadline" if now > job.deadline else "disconnected"  # (a 504 cancels past the deadline)
+        reason = "deadline" if now > job.deadline else "failed" if job.failed else "disconnected"
         self.metrics.dropped.labels(self.model.name, reason).inc()
         if reason == "deadline":  # (the future takes the first exception only)
             job.fail(TimeoutError(f"no answer within timeout_s={self.limits.timeout_s}"))

@@ -46,7 +46,7 @@ class Metrics:
         )
         self.dropped = Counter(
             p + "dropped_inputs",
-            "queued inputs never computed: deadline passed or client gone",
+            "queued inputs never computed: deadline passed, client gone, or its request failed",
             ["model", "reason"],
             registry=r,
         )
