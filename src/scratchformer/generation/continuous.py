@@ -34,7 +34,7 @@ from torch import Tensor
 
 from scratchformer.generation.config import GenerationConfig
 from scratchformer.generation.fast_beam import BeamState, reference_reason
-from scratchformer.generation.fast_step import DecoderStep
+from scratchformer.generation.fast_step import DecoderStep, rows_of
 from scratchformer.generation.generate import step_rules
 from scratchformer.generation.hypotheses import Finished, Hypothesis, check_n_best, normalised
 from scratchformer.generation.interface import EncoderDecoder, check_logits, start_decoding
@@ -160,7 +160,7 @@ class _Drawn:
                 length = (step if isinstance(step, int) else int(step[p])) + 1
                 out[p] = [self._hypothesis(ids[r], length, r) for r in range(p * n, p * n + n)]
         kept = (~done).nonzero()[:, 0]
-        rows = (kept[:, None] * n + torch.arange(n, device=kept.device)).view(-1)
+        rows = rows_of(kept, n)
         self.take(kept, rows)
         return rows, token[rows], kept, out
 
@@ -173,11 +173,7 @@ class _Drawn:
 
     def take(self, kept: Tensor, rows: Tensor | None = None) -> None:
         """Keep the sentences at positions ``kept`` (their ``rows``)."""
-        rows = (
-            (kept[:, None] * self.n + torch.arange(self.n, device=kept.device)).view(-1)
-            if rows is None
-            else rows
-        )
+        rows = rows_of(kept, self.n) if rows is None else rows
         self.ended, self.log_prob = self.ended[rows], self.log_prob[rows]
         if self.generators:
             self.generators = [self.generators[r] for r in rows.tolist()]
@@ -311,8 +307,7 @@ class ContinuousSearch:
         assert self.decoder is not None and self.state is not None and self.steps is not None
         assert self.tokens is not None
         kept = torch.tensor(positions, device=self.steps.device)
-        k = self.state.width
-        rows = (kept[:, None] * k + torch.arange(k, device=kept.device)).view(-1)
+        rows = rows_of(kept, self.state.width)
         self.decoder.keep(rows, kept, (self.steps[kept] + 1).tolist())
         self.decoder.trim()
         self.state.take(kept)

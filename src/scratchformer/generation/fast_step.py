@@ -44,7 +44,7 @@ from scratchformer.core.decoder import DecoderLayer
 from scratchformer.core.feedforward import ACTIVATIONS, PositionwiseFeedForward
 from scratchformer.generation.interface import EncoderDecoder, QueryMap, target_embedding
 
-__all__ = ["DecoderStep", "SelfCache"]
+__all__ = ["DecoderStep", "SelfCache", "rows_of"]
 
 Affine = Callable[[Tensor], Tensor]  # x (N, in) -> (N, out)
 _SPANS = 4  # a cache reordered in up to 4 spans of sentences, each over its own filled positions
@@ -275,6 +275,12 @@ class _Layer:
         return self.sublayer(x, self.feed_forward, self.norm3)
 
 
+def rows_of(sentences: Tensor, each: int) -> Tensor:
+    """The rows (len(sentences) * each,) of ``sentences`` (B',) in a layout of ``each`` consecutive
+    rows a sentence (its beams, its samples, its heads), in order."""
+    return (sentences[:, None] * each + torch.arange(each, device=sentences.device)).view(-1)
+
+
 def _padded(x: Tensor, S: int) -> Tensor:
     """Memory keys or values (G, S', d_k) padded with zeros to S positions."""
     return F.pad(x, (0, 0, 0, S - x.shape[1]))
@@ -371,8 +377,7 @@ class DecoderStep:
             for start, end, positions in spans:
                 cache.reorder(rows[start:end], positions, start)
         if sentences is not None:  # their groups of H heads
-            heads = torch.arange(self.heads, device=sentences.device)
-            groups = (sentences[:, None] * self.heads + heads).view(-1)
+            groups = rows_of(sentences, self.heads)
             self.memory_kv = [(k[groups], v[groups]) for k, v in self.memory_kv]
             self.bias = None if self.bias is None else self.bias[groups]
 

@@ -172,7 +172,7 @@ class MicroBatcher:
     def _decode(self, session: Session, batch: list[tuple[Job, int]]) -> None:
         """Continuous batching: ``batch`` starts the search; before each step the waiting inputs
         that may join it do; each answer is delivered at the step its input finishes."""
-        name, key, live = self.model.name, batch[0][0].key, {}
+        name, key, live = self.model.name, batch[0][0].key, set()
         self._join(session, batch, live)
         while session.live:
             self._join(session, self._admit(key, live), live)
@@ -184,8 +184,8 @@ class MicroBatcher:
                 finished = session.step()
             except Exception:  # noqa: BLE001 - run again request by request: one fails alone
                 now = time.monotonic()
-                for job in dict.fromkeys(job for job, _ in live.values() if not job.dead(now)):
-                    self._run([entry for entry in live.values() if entry[0] is job])
+                for job in dict.fromkeys(job for job, _ in live if not job.dead(now)):
+                    self._run([entry for entry in live if entry[0] is job])
                 return
             self.metrics.inference.labels(name).observe(time.monotonic() - start)
             self.metrics.batch_size.labels(name).observe(session.live + len(finished))
@@ -194,7 +194,7 @@ class MicroBatcher:
                 self.metrics.tokens.labels(name, "output").inc(len(answer.get("tokens", ())))
                 job.answer(i, answer)
 
-    def _join(self, session: Session, entries: list[tuple[Job, int]], live: dict) -> None:
+    def _join(self, session: Session, entries: list[tuple[Job, int]], live: set) -> None:
         """``entries`` join the running search (one that fails to: each request alone, so that a
         bad input fails its own request only)."""
         if not entries:
@@ -210,19 +210,19 @@ class MicroBatcher:
             for job in jobs:
                 self._join(session, [e for e in entries if e[0] is job], live)
             return
+        live.update(entries)
         for job, i in entries:
-            live[(job, i)] = (job, i)
             self.metrics.queue_time.labels(name).observe(now - job.enqueued)
             self.metrics.tokens.labels(name, "input").inc(job.lengths[i])
 
-    def _admit(self, key: tuple[str, str], live: dict) -> list[tuple[Job, int]]:
+    def _admit(self, key: tuple[str, str], live: set) -> list[tuple[Job, int]]:
         """The waiting inputs that join before the next step: oldest first, while they have the
         search's parameters (``key``: an input of others waits for the search to end) and fit
         ``max_batch_size`` and ``max_batch_tokens`` with the live ones. They join once all that
         wait fit, or a quarter of the batch is free: under a full load, several at a time (one
         encoder call, one growth of the batch's memory; 7% more throughput at 64 clients)."""
         limits, taken = self.limits, []
-        longest = max((job.lengths[i] for job, i in live.values()), default=0)
+        longest = max((job.lengths[i] for job, i in live), default=0)
         with self._cond:
             free = limits.max_batch_size - len(live)
             if free < min(max(1, limits.max_batch_size // 4), len(self._queue)):
@@ -241,20 +241,21 @@ class MicroBatcher:
                 longest = longer
         return taken
 
-    def _cancel_dead(self, session: Session, live: dict) -> None:
+    def _cancel_dead(self, session: Session, live: set) -> None:
         """Inputs whose request passed its deadline or went away are decoded no further."""
         now = time.monotonic()
-        dead = [tag for tag, (job, _) in live.items() if job.dead(now)]
+        dead = [tag for tag in live if tag[0].dead(now)]
         if dead:
             session.cancel(dead)
             for tag in dead:
                 self._drop(*self._leave(live, tag), now)
 
-    def _leave(self, live: dict, tag: tuple[Job, int]) -> tuple[Job, int]:
-        """An input leaves the running search: its entry, its stream's state forgotten."""
+    def _leave(self, live: set, tag: tuple[Job, int]) -> tuple[Job, int]:
+        """An input leaves the running search (``tag``, returned), its stream's state forgotten."""
         if self._stream is not None:
             self._stream.forget(tag)
-        return live.pop(tag)
+        live.remove(tag)
+        return tag
 
     def _next_batch(self) -> list[tuple[Job, int]] | None:
         """The next batch (possibly empty, when all it found was dropped); None when stopping."""

@@ -273,7 +273,7 @@ class ServedTranslator(_Generating):
         outputs = self.task.generate(
             items, options.config, values["prefix"], values["seed"], batch_size=len(items), on_step=on_step
         )
-        return [generated_answer(self.output_key, o, {"source": s}) for s, o in zip(items, outputs)]
+        return [generated_answer(self.output_key, o, self.first_fields(s)) for s, o in zip(items, outputs)]
 
     def check_layer(self, layer: int | None) -> int:
         """The model's layers (the more of encoder and decoder); 422 unless ``layer`` is one of them
@@ -348,13 +348,14 @@ class ServedCaptioner(_Generating):
         return self.autocast()
 
     def run(self, items: Sequence[Any], options: Options, on_step: Any = None) -> list[dict[str, Any]]:
-        inputs, _ = self.images(items)
         values = options.values
-        with self.autocast():
+        with self.decoding():
             outputs = self.task.generate(
-                inputs, options.config, values["prefix"], values["seed"], on_step=on_step
+                self.model_inputs(items), options.config, values["prefix"], values["seed"], on_step=on_step
             )
-        return [generated_answer(self.output_key, o, {}) for o in outputs]
+        return [
+            generated_answer(self.output_key, o, self.first_fields(item)) for item, o in zip(items, outputs)
+        ]
 
     def attention(self, items: Sequence[Any], options: Options) -> list[dict[str, Any]]:
         """Each image's caption, and each word's attention over the picture the model saw (the last
