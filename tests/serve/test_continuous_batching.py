@@ -80,6 +80,7 @@ def two_requests(batching: str):
     return model, answers, alone
 
 
+@pytest.mark.machine  # answers compared with each input alone: on the other kind's kernels too
 def test_a_request_that_arrives_while_another_decodes_joins_it_at_the_next_step() -> None:
     model, answers, alone = two_requests("continuous")
     assert model.steps[0] == ["ein Mann"] and model.steps[1] == ["ein Mann", "eine Frau"], model.steps[:3]
@@ -88,6 +89,7 @@ def test_a_request_that_arrives_while_another_decodes_joins_it_at_the_next_step(
         assert answers[key].json()[0]["translation_text"] == alone[text]["translation_text"]
 
 
+@pytest.mark.machine  # answers compared with each input alone: on the other kind's kernels too
 def test_whole_batching_makes_it_wait_for_the_batch_to_end() -> None:
     """The contrast (and the old path, kept for ``batching: whole``)."""
     model, answers, alone = two_requests("whole")
@@ -95,6 +97,7 @@ def test_whole_batching_makes_it_wait_for_the_batch_to_end() -> None:
     assert answers["b"].json()[0]["translation_text"] == alone["eine Frau"]["translation_text"]
 
 
+@pytest.mark.machine  # answers compared with each input alone: on the other kind's kernels too
 def test_a_running_search_that_fails_is_run_again_request_by_request() -> None:
     model = load_served(ModelSpec("de-en", str(TRANSLATION)))
     session, run = model.session, model.run

@@ -363,6 +363,7 @@ def test_translate_and_evaluate_take_several_checkpoints(tiny_translation, tmp_p
     assert ensemble.with_precision("int8").translate(texts[:1])[0]  # each member converted
 
 
+@pytest.mark.machine  # two code paths compared: on the other kind's kernels too
 def test_a_session_translates_texts_joining_at_any_step_as_generate_does_alone(tiny_translation) -> None:
     """Continuous batching on a trained model (:meth:`Translator.session`): texts that join the
     running search one a step, and two at once, get the translations ``generate`` gives each alone
