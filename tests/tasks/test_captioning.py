@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from scratchformer.data.captions import (
 )
 from scratchformer.data.shapes import COLOURS, held_out_pairs, shape_scene_splits
 from scratchformer.tasks.captioning import (
+    Captioner,
     CaptioningRecipe,
     caption_scores,
     load_captioner,
@@ -326,6 +328,34 @@ def test_caption_scores_are_pycocoevalcap_against_every_reference() -> None:
         caption_scores(["a", "b"], [["a"]])
 
 
+@pytest.mark.skipif(shutil.which("java") is None, reason="METEOR is a Java program; no java here")
+def test_meteor_is_the_jar_pycocoevalcap_ships() -> None:
+    """METEOR (x100) equals pycocoevalcap's Meteor called directly on the same tokenised text; a
+    caption as one of its references scores above a wrong one."""
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    hyps = ["A dog runs on the grass.", "a man rides a bike"]
+    refs = [["a dog is running on grass", "A brown dog runs across the grass ."], ["two girls on a bench"]]
+    scores = caption_scores(hyps, refs, meteor=True)
+    gts = {0: ["a dog is running on grass", "a brown dog runs across the grass"], 1: ["two girls on a bench"]}
+    direct, each = Meteor().compute_score(gts, {0: ["a dog runs on the grass"], 1: ["a man rides a bike"]})
+    assert scores["meteor"] == pytest.approx(100 * direct) and each[0] > 2 * each[1]
+    assert "meteor" not in caption_scores(hyps, refs)
+
+
+def test_meteor_without_java_is_refused_before_any_decoding(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="METEOR needs Java: no `java` on PATH"):
+        caption_scores(["a dog"], [["a dog"]], meteor=True)
+    model = CaptioningTransformer(tiny_config()).eval()
+    vocab = Vocabulary.build(["a red circle"])
+    captioner = Captioner(model, vocab, {}, torch.device("cpu"))
+    monkeypatch.setattr(captioner, "caption", lambda *a, **k: pytest.fail("decoded before the check"))
+    examples = CaptionExamples(torch.zeros(1, 3, 16, 16), [["a red circle"]])
+    with pytest.raises(RuntimeError, match="METEOR needs Java"):
+        captioner.evaluate(examples, meteor=True)
+
+
 # ---------------------------------------------------------------- training end to end, CLI
 
 
@@ -494,11 +524,13 @@ def test_cli_train_captioner_caption_and_attention_png(tmp_path: Path, capsys) -
                 "--images",
                 str(tmp_path / "scenes"),
                 "--json",
+                *(["--meteor"] if shutil.which("java") else []),
             ]
         )
         == 0
     )
-    assert json.loads(capsys.readouterr().out)["n"] == 2
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["n"] == 2 and ("meteor" in scored) == bool(shutil.which("java"))
 
 
 def test_a_run_killed_in_scst_before_its_first_save_resumes(tmp_path: Path, monkeypatch) -> None:

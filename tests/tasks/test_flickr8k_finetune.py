@@ -4,6 +4,7 @@ lower stages, frozen BatchNorm statistics, their own learning rate; checkpoints,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -250,3 +251,40 @@ def test_finetune_lr_0_runs_the_top_frozen(tmp_path: Path) -> None:
     state = load_file(tmp_path / "run" / "best" / "model.safetensors")
     for k, v in ImageTop("efficientnet-lite0", 1).state_dict().items():
         assert torch.equal(state[f"image_top.{k}"], v), k
+
+
+def test_the_tops_regions_computed_once_encode_as_the_top_does() -> None:
+    """What ``scst.tune_top`` false feeds the captioner (the top's output, computed once) gives the
+    memory the top gives at every step."""
+    torch.manual_seed(0)
+    model = finetuned_model().eval()
+    lower = torch.randn(5, 49, 192)
+    with torch.no_grad():
+        regions = model.top_regions(lower, batch_size=2)
+        assert regions.shape == (5, 49, 1280)
+        torch.testing.assert_close(model.encode(regions), model.encode(lower))
+    with pytest.raises(ValueError, match=r"expected \(B, 49, 192\)"):
+        model.encode(torch.randn(1, 49, 100))
+    with pytest.raises(ValueError, match="no fine-tuned image top"):
+        CaptioningTransformer(dataclasses.replace(model.config, image_stages=0)).top_regions(lower)
+
+
+def test_self_critical_training_with_the_top_frozen(tmp_path: Path, capsys) -> None:
+    """``scst.tune_top`` false: self-critical training starts from the regions through the tuned top,
+    computed once; the top stays as cross-entropy left it, the decoder trains on."""
+    root = write_flickr_folder(tmp_path / "f8")
+    train = TrainConfig(
+        out_dir=str(tmp_path / "run"), max_steps=2, eval_every=2, lr=1e-3, progress=False, device="cpu"
+    )
+    lower = str(tmp_path / "lower.safetensors")
+    scst = {"steps": 2, "samples": 2, "eval_every": 2, "tune_top": False, "lr": 1e-2}
+    finetune = {"stages": 1, "lr": 1e-3, "features": lower}
+    train_captioner(photo_recipe(tmp_path, root, finetune=finetune, scst=scst, train=train))
+    err = capsys.readouterr().err  # the training and dev photos through the top, once
+    assert "image top: regions (2, 49, 1280) computed once" in err and "regions (1, 49, 1280)" in err
+    xe = load_file(tmp_path / "run" / "best" / "model.safetensors")
+    sc = load_file(tmp_path / "run" / "scst" / "last" / "model.safetensors")
+    assert all(torch.equal(sc[k], v) for k, v in xe.items() if k.startswith("image_top."))
+    assert not all(torch.equal(sc[k], v) for k, v in xe.items() if k.startswith("decoder."))
+    with pytest.raises(ValueError, match="scst.tune_top: expected true or false"):
+        CaptioningRecipe(data="flickr8k", flickr8k_dir="x", scst={"steps": 1, "tune_top": "no"}).validate()

@@ -63,6 +63,9 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
         "--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (CPU or GPU)"
     )
     evaluate.add_argument("--device", default="auto")
+    evaluate.add_argument(
+        "--meteor", action="store_true", help="captioning: METEOR too (pycocoevalcap's jar; needs Java)"
+    )
     evaluate.add_argument("--json", action="store_true", help="the scores as one JSON object")
     evaluate.set_defaults(func=_evaluate)
 
@@ -88,6 +91,8 @@ def _evaluate(args: argparse.Namespace) -> int:
             f"decoding flags ({', '.join(sorted(args.generation))}) apply to translation and "
             "captioning models, not to a classifier"
         )
+    if args.meteor and kind != "captioning":
+        raise ValueError("--meteor scores captions; this checkpoint is not a captioning model")
     if kind == "translation":
         return _evaluate_translation(args)
     if kind == "captioning":
@@ -169,6 +174,7 @@ def _evaluate_translation(args: argparse.Namespace) -> int:
 
 
 def _evaluate_captioning(args: argparse.Namespace) -> int:
+    from scratchformer.data.caption_metrics import check_meteor
     from scratchformer.tasks.captioning.ensemble import load_ensemble
 
     if not (args.flickr8k or args.karpathy or (args.captions and args.images)):
@@ -178,6 +184,8 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
         )
     if args.karpathy and not args.images:
         raise ValueError("--karpathy JSON needs --images DIR (the folder its file paths are under)")
+    if args.meteor:
+        check_meteor()
     captioner = load_ensemble(args.checkpoint, device=args.device)
     if args.features and captioner.photos is None:
         raise ValueError(
@@ -192,12 +200,14 @@ def _evaluate_captioning(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             seed=args.seed,
             batch_size=args.batch_size,
+            meteor=args.meteor,
         )
     return _print_scores(
         args,
         scores,
         "BLEU-1 {bleu1:.2f}  BLEU-2 {bleu2:.2f}  BLEU-3 {bleu3:.2f}  BLEU-4 {bleu4:.2f}  "
-        "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)",
+        + ("METEOR {meteor:.2f}  " if args.meteor else "")
+        + "CIDEr-D {cider:.2f}  exact match {exact_match:.1%}  ({n} images)",
     )
 
 

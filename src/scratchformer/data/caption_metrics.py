@@ -8,20 +8,25 @@ training reward (:class:`CiderD`, self-critical training). Both compare the word
 from __future__ import annotations
 
 import math
+import shutil
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from scratchformer.data.captions import caption_words
 
-__all__ = ["CiderD", "caption_scores", "exact_matches"]
+__all__ = ["CiderD", "caption_scores", "check_meteor", "exact_matches"]
 
 
-def caption_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, Any]:
+def caption_scores(
+    hypotheses: Sequence[str], references: Sequence[Sequence[str]], meteor: bool = False
+) -> dict[str, Any]:
     """BLEU-1..4 and CIDEr-D (x100) as the captioning literature reports them: the COCO caption
     evaluation code's scorers (``pycocoevalcap`` Bleu(4) and Cider, which is CIDEr-D: sigma 6,
     clipped counts, document frequencies from these references), each hypothesis against all of its
     image's references; and the exact-match rate (the hypothesis equals one of its references).
+    ``meteor``: METEOR 1.5 (x100) too, by the jar ``pycocoevalcap`` ships (:func:`check_meteor`: it
+    needs Java).
 
     Tokenisation (both sides alike): :func:`~scratchformer.data.captions.caption_words`, i.e. COCO's
     PTB tokenisation done in Python (lower case, punctuation split off and removed), not its Java
@@ -40,16 +45,39 @@ def caption_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]
         )
     res = {i: [" ".join(caption_words(h))] for i, h in enumerate(hypotheses)}
     gts = {i: [" ".join(caption_words(r)) for r in refs] for i, refs in enumerate(references)}
+    if meteor:
+        check_meteor()
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     cider, _ = Cider().compute_score(gts, res)
     exact = sum(res[i][0] in gts[i] for i in res)
     return {
         **{f"bleu{n}": 100 * b for n, b in enumerate(bleu, 1)},
         "cider": 100 * float(cider),
+        **({"meteor": 100 * _meteor(gts, res)} if meteor else {}),
         "exact_match": exact / len(res),
         "n": len(res),
         "tokenisation": "caption_words: lower case, punctuation split off and removed (PTB's list)",
     }
+
+
+def check_meteor() -> None:
+    """Refuse METEOR, in one line, where it cannot run: it is a Java program (``meteor-1.5.jar``,
+    shipped with ``pycocoevalcap``, with its English paraphrase table; no network)."""
+    if shutil.which("java") is None:
+        raise RuntimeError("METEOR needs Java: no `java` on PATH (e.g. apt install default-jre-headless)")
+
+
+def _meteor(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float:
+    """Corpus METEOR (0..1) of ``res`` against ``gts``: pycocoevalcap's wrapper of METEOR 1.5
+    (English, normalised), its Java process closed afterwards."""
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    scorer = Meteor()
+    try:
+        score, _ = scorer.compute_score(gts, res)
+    finally:
+        del scorer  # its __del__ ends the Java process
+    return float(score)
 
 
 class CiderD:

@@ -145,7 +145,8 @@ class CaptioningTransformer(nn.Module):
 
         ``images``: with input "pixels", (B, C, H, W) uint8 (0-255) or float (0-1); with
         "features", (B, D_img) (one memory slot) or (B, R, D_img) (R regions); with
-        ``image_stages``, (B, h*w, C) regions below the image encoder's top stages.
+        ``image_stages``, (B, h*w, C) regions below the image encoder's top stages, or the top's
+        output (B, R, D_img) computed once (:meth:`top_regions`: the top frozen).
         ``src_padding_mask`` must be None (kept for the decoding functions' interface).
         """
         if src_padding_mask is not None:
@@ -156,7 +157,7 @@ class CaptioningTransformer(nn.Module):
                 images = images.float() / 255.0
             x = self.visual(images)  # (B, N, D), checks the shape
         else:
-            if c.image_stages:
+            if c.image_stages and images.shape[-1] != c.feature_dim:  # not yet through the top
                 images = self.image_top(images)  # (B, h*w, C) -> (B, G*G, 1280)
             if images.dim() == 2:
                 images = images[:, None, :]  # one vector per image: a memory of length 1
@@ -170,6 +171,15 @@ class CaptioningTransformer(nn.Module):
                     )
                 x = x + self.region_positions
         return self.encoder(self.dropout(x))
+
+    @torch.no_grad()
+    def top_regions(self, images: Tensor, batch_size: int = 64) -> Tensor:
+        """The fine-tuned image top's output (N, G*G, D_img) for (N, h*w, C) regions below it, computed
+        once in batches: :meth:`encode` takes it in their place while the top stays frozen."""
+        if not self.config.image_stages:
+            raise ValueError("top_regions: this captioner has no fine-tuned image top (image_stages 0)")
+        starts = range(0, len(images), batch_size)
+        return torch.cat([self.image_top(images[s : s + batch_size]) for s in starts])
 
     def embed_target(self, tgt: Tensor, offset: int | Tensor = 0) -> Tensor:
         """tgt (B, T) caption ids at positions offset, offset + 1, ... (``offset`` (B,): per row) ->

@@ -139,6 +139,12 @@ class CaptioningRun(TrainingRun):
         if r.scst:  # phase 2's output directory is checked now, not after phase 1
             scst_dir = self.out / "scst"
             scst_lr = r.scst.get("lr", r.train.lr * 0.05)  # the encoder's top (lr_groups) scaled alike
+            self.scst_top_tuned = bool(self.top_lr) and r.scst.get("tune_top", True)
+            groups = {
+                k: v * scst_lr / r.train.lr
+                for k, v in r.train.lr_groups.items()
+                if self.scst_top_tuned or k != "image_top."
+            }
             # it resumes from its own last/; killed before its first save, it starts afresh
             # (its partial log replaced)
             self.resume_scst = self.resume and distributed.on_main(
@@ -151,7 +157,7 @@ class CaptioningRun(TrainingRun):
                 warmup_steps=0,
                 schedule="constant",
                 lr=scst_lr,
-                lr_groups={k: v * scst_lr / r.train.lr for k, v in r.train.lr_groups.items()},
+                lr_groups=groups,
                 eval_every=r.scst.get("eval_every", r.train.eval_every),
                 overwrite=r.train.overwrite or (self.resume and not self.resume_scst),
             )
@@ -221,10 +227,14 @@ class CaptioningRun(TrainingRun):
         model.load_state_dict(
             load_checked(self.out / "best", lambda: CaptioningTransformer(self.model_config)).state_dict()
         )
+        splits = self.splits
+        if r.finetune and not self.scst_top_tuned:  # the top as cross-entropy left it: its output, once
+            model.image_top.requires_grad_(False)
+            splits = {name: self.through_top(model, splits[name]) for name in ("train", "valid")}  # type: ignore[index]
         scst = SelfCriticalTask(
             self.vocab,
-            self.splits["train"],
-            self.splits["valid"],
+            splits["train"],
+            splits["valid"],
             self.model_config,  # type: ignore[index]
             r.batch_size,
             r.label_smoothing,
@@ -254,6 +264,17 @@ class CaptioningRun(TrainingRun):
             "valid": {},
             "test": {},
         }
+
+    def through_top(self, model: CaptioningTransformer, split: CaptionExamples) -> CaptionExamples:
+        """``split`` with its regions through the model's (frozen) image top, computed once in fp32
+        (``scst.tune_top`` false: each self-critical step then starts above the top)."""
+        t0 = time.perf_counter()
+        regions = model.top_regions(split.inputs.to(next(model.parameters()).device))
+        if distributed.is_main():
+            seconds = time.perf_counter() - t0
+            shape = tuple(regions.shape)
+            print(f"image top: regions {shape} computed once, {seconds:.0f} s", file=sys.stderr)
+        return dataclasses.replace(split, inputs=regions)
 
     def finish(self, report: dict[str, Any]) -> None:
         r = self.recipe

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from scratchformer.data.caption_corpora import CaptionCorpus
-from scratchformer.data.caption_metrics import caption_scores
+from scratchformer.data.caption_metrics import caption_scores, check_meteor
 from scratchformer.data.captions import CaptionExamples, Vocabulary, load_image
 from scratchformer.data.image_features import extract_image_features, load_photo
 from scratchformer.fast import optimize
@@ -197,9 +197,14 @@ class Captioner:
         prefix: str | None = None,
         seed: int | None = None,
         batch_size: int = 128,
+        meteor: bool = False,
     ) -> dict[str, Any]:
+        """Caption ``examples`` and score them (:func:`~scratchformer.data.caption_metrics.caption_scores`;
+        ``meteor``: METEOR too), with the hypotheses."""
+        if meteor:
+            check_meteor()  # before any decoding
         hypotheses = self.caption(examples.inputs, beam_size, batch_size, config, prefix, seed)
-        return {**caption_scores(hypotheses, examples.references), "hypotheses": hypotheses}
+        return {**caption_scores(hypotheses, examples.references, meteor), "hypotheses": hypotheses}
 
     @torch.no_grad()
     def caption_with_attention(self, image: Tensor, caption: str | None = None) -> tuple[list[str], Tensor]:

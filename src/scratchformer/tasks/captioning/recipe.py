@@ -81,6 +81,8 @@ class SelfCriticalOptions(_RequiredSelfCritical, total=False):
     # caption's reward (Rennie et al. 2017)
     dropout: bool  # dropout in the policy-gradient forward pass (default true); false: the log-probabilities
     # are those of the policy that sampled (dropout is never on while sampling)
+    tune_top: bool  # with ``finetune``: the image encoder's top trains on (default true); false: it
+    # stays as cross-entropy left it, and its output regions are computed once (each step is cheaper)
 
 
 class _RequiredFineTune(TypedDict):
@@ -227,16 +229,20 @@ class CaptioningRecipe(Recipe):
         check_decoding(self.decoding, CAPTIONING_DECODING)
         check_decoding_grid(self.decoding, self.decoding_grid, CAPTIONING_DECODING)
         if self.scst:
-            reject_unknown(self.scst, ("steps", "lr", "samples", "eval_every", "baseline", "dropout"), "scst")
+            reject_unknown(
+                self.scst, ("steps", "lr", "samples", "eval_every", "baseline", "dropout", "tune_top"), "scst"
+            )
             if not isinstance(self.scst.get("steps"), int) or self.scst["steps"] < 1:
                 raise ValueError(
-                    "scst: expected {'steps': N >= 1, 'lr', 'samples', 'eval_every', 'baseline', 'dropout'}, "
+                    "scst: expected {'steps': N >= 1, 'lr', 'samples', 'eval_every', 'baseline', 'dropout', "
+                    "'tune_top'}, "
                     f"got {self.scst!r}"
                 )
             if self.scst.get("baseline", "mean") not in ("mean", "greedy"):
                 raise ValueError(f"scst.baseline: expected 'mean' or 'greedy', got {self.scst['baseline']!r}")
-            if not isinstance(self.scst.get("dropout", True), bool):
-                raise ValueError(f"scst.dropout: expected true or false, got {self.scst['dropout']!r}")
+            for flag in ("dropout", "tune_top"):
+                if not isinstance(self.scst.get(flag, True), bool):
+                    raise ValueError(f"scst.{flag}: expected true or false, got {self.scst[flag]!r}")
             if not isinstance(self.scst.get("samples", 5), int) or self.scst.get("samples", 5) < 2:
                 raise ValueError(f"scst.samples must be an integer >= 2, got {self.scst.get('samples')!r}")
         self._validate_finetune()
