@@ -129,7 +129,11 @@ def test_a_running_search_that_fails_is_run_again_request_by_request() -> None:
         alone = [c.post("/v1/translate", json={"inputs": t}).json()[0] for t in (SOURCES[0], SOURCES[1])]
     assert [a.status_code for a in answers] == [200, 422, 200]
     assert "boom is not a text" in answers[1].json()["error"]
-    assert [answers[0].json()[0], answers[2].json()[0]] == alone
+    for got, want in zip([answers[0].json()[0], answers[2].json()[0]], alone):
+        # the same words; the scores to float rounding: a request that ended before "boom" joined
+        # decoded beside the other one, its memory padded to the longer source
+        assert (got["translation_text"], got["tokens"]) == (want["translation_text"], want["tokens"])
+        assert got["score"] == pytest.approx(want["score"], rel=1e-5, abs=1e-6)
 
 
 def test_an_input_past_its_deadline_is_decoded_no_further(tmp_path: Path) -> None:
