@@ -13,6 +13,7 @@ one reference. Each checkpoint reads its own feature file (extracted into it if 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -21,17 +22,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from scratchformer.data.caption_corpora import load_flickr8k  # noqa: E402
+from scratchformer.data.caption_corpora import CaptionCorpus, load_flickr8k  # noqa: E402
 from scratchformer.data.caption_metrics import CiderD  # noqa: E402
 from scratchformer.data.image_features import load_photo  # noqa: E402
 from scratchformer.tasks.captioning import load_captioner  # noqa: E402
 
 
-def captions(checkpoint: str, features: str | None, corpus, count: int, beam: int) -> list[str]:
-    """The checkpoint's captions (beam ``beam``) of the corpus's first ``count`` photos."""
+def captions(checkpoint: str, features: str | None, corpus: CaptionCorpus, beam: int) -> list[str]:
+    """The checkpoint's captions (beam ``beam``) of the corpus's photos."""
     captioner = load_captioner(checkpoint, device="cpu")
-    regions = captioner.corpus_features(corpus, features)[:count]
-    return captioner.caption(regions, beam_size=beam)
+    return captioner.caption(captioner.corpus_features(corpus, features), beam_size=beam)
 
 
 def main() -> None:
@@ -51,8 +51,11 @@ def main() -> None:
     args = parser.parse_args()
 
     corpus = load_flickr8k(args.flickr8k, args.split)
-    old = captions(args.old, args.old_features, corpus, args.count, args.beam)
-    new = captions(args.new, args.new_features, corpus, args.count, args.beam)
+    shown = dataclasses.replace(
+        corpus, names=corpus.names[: args.count], references=corpus.references[: args.count]
+    )
+    old = captions(args.old, args.old_features, shown, args.beam)  # only the photos shown are encoded
+    new = captions(args.new, args.new_features, shown, args.beam)
     cider = CiderD(corpus.references)  # document frequencies of the whole split, as the tables'
     labels = args.labels.split(",")
     fig, axes = plt.subplots(1, args.count, figsize=(3.6 * args.count, 4.6), squeeze=False)
