@@ -134,6 +134,9 @@ def test_a_running_search_that_fails_is_run_again_request_by_request() -> None:
         # decoded beside the other one, its memory padded to the longer source
         assert (got["translation_text"], got["tokens"]) == (want["translation_text"], want["tokens"])
         assert got["score"] == pytest.approx(want["score"], rel=1e-5, abs=1e-6)
+        assert [(h["text"], h["tokens"]) for h in got["nbest"]] == [
+            (h["text"], h["tokens"]) for h in want["nbest"]
+        ]
 
 
 def test_an_input_past_its_deadline_is_decoded_no_further(tmp_path: Path) -> None:
