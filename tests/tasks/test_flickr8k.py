@@ -610,6 +610,7 @@ def test_photo_recipe_scst_and_the_cli_end_to_end(tmp_path: Path, capsys) -> Non
     )
     report = train_captioner(recipe)
     assert set(report["best_valid"]) == {"xe", "scst"} and report["valid"]["valid"]["greedy"]["n"] == 1
+    assert "image features" not in capsys.readouterr().err  # progress=False (--no-progress) silences it too
     assert (tmp_path / "run" / "scst" / "best" / "config.json").is_file()
     with pytest.raises(FileExistsError, match="holds an earlier run"):  # checked before any work
         train_captioner(recipe)

@@ -329,7 +329,12 @@ def load_caption_splits(
     elif r.data in r.PHOTOS:
         corpora = photo_corpora(r, data_dir)
         features = photo_feature_file(
-            list(corpora.values()), r.features_path(data_dir), r.train.device, r.image_encoder, r.top_stages
+            list(corpora.values()),
+            r.features_path(data_dir),
+            r.train.device,
+            r.image_encoder,
+            r.top_stages,
+            progress=r.train.progress,
         )
         splits = photo_splits(corpora, features, r.memory)
     else:
@@ -364,15 +369,19 @@ def photo_feature_file(
     device: str = "cpu",
     encoder_name: str = "efficientnet-lite0",
     top_stages: int = 0,
+    progress: bool = True,
 ) -> ImageFeatures:
     """The image encoder's (``encoder_name``) features of every photo of ``corpora`` (one image folder),
     from the file ``path`` where it has them, else extracted into it (on rank 0 under torchrun; the
-    others read it). ``top_stages``: the regions below the encoder's top stages (to fine-tune them)."""
+    others read it), with a progress bar unless ``progress`` is false (the run's ``train.progress``,
+    ``--no-progress``). ``top_stages``: the regions below the encoder's top stages (to fine-tune them)."""
     folder, wanted = photos_folder(corpora)
 
     def extract() -> ImageFeatures:
         encoder = ImageEncoder(encoder_name, top_stages).to(resolve_device(device))
-        return extract_image_features(folder, path, encoder, names=wanted, device=encoder.mean.device)
+        return extract_image_features(
+            folder, path, encoder, names=wanted, device=encoder.mean.device, progress=progress
+        )
 
     def extract_to_disk() -> None:  # under torchrun the features stay on disk, not broadcast
         extract()
