@@ -46,6 +46,23 @@ def test_the_lower_stages_then_the_top_are_the_whole_network(tmp_path: Path, sta
     assert len(stage_starts(ImageEncoder().net)) == 7
 
 
+def test_the_top_computes_in_fp32_under_bf16_autocast_on_a_cpu() -> None:
+    """bf16 training (autocast) leaves the tuned top in fp32 on a CPU, where oneDNN's bf16 depthwise
+    convolutions are slower (benchmarks/image_top.py): its output and gradients are fp32's, to the bit."""
+    torch.manual_seed(0)
+    top = ImageTop("efficientnet-lite0", 1)
+    regions = torch.randn(2, 49, 192)
+    results = []
+    for bf16 in (False, True):
+        top.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = top(regions)
+        out.square().mean().backward()
+        results.append((out.detach(), top.head.weight.grad.clone()))
+    assert results[1][0].dtype == torch.float32
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
+
+
 def finetuned_model(stages: int = 1) -> CaptioningTransformer:
     config = CaptioningConfig(
         vocab_size=12,

@@ -26,7 +26,8 @@ channels), and its top k stages with the head, which train (:class:`ImageTop`, i
     photo -> stem, stages 1 .. 7-k (frozen; cached)  -> (B, h*w, C)
           -> ImageTop: stages 8-k .. 7, head conv + BN + ReLU6 (trained) -> (B, G*G, 1280)
 
-    efficientnet-lite2, k = 1: (B, 81, 208) -> 1 block;  k = 2: (B, 289, 120) -> 6 blocks
+    efficientnet-lite2, k = 1: (B, 81, 208) -> 1 block;  k = 2: (B, 289, 120) -> 6 blocks;
+                        k = 3: (B, 289, 88) -> 10 blocks
 
 The top runs in eval mode even while the captioner trains: its BatchNorm statistics stay the
 ImageNet ones (batches of 32 photos would estimate them badly) and drop-connect is off.
@@ -34,6 +35,7 @@ ImageNet ones (batches of 32 photos would estimate them badly) and drop-connect 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 from typing import Any
@@ -221,7 +223,10 @@ class ImageTop(nn.Module):
         weight = self.head.weight
         x = regions.to(weight.dtype).transpose(1, 2).reshape(-1, c, h, h)
         x = x.contiguous(memory_format=torch.channels_last)
-        for block in self.blocks:
-            x = block(x)
-        x = self.act(self.norm(self.head(x)))  # (B, 1280, G, G)
+        # On a CPU the top computes in its weights' dtype even under bf16 autocast: oneDNN's bf16
+        # depthwise convolutions are slower there than fp32, even with AMX (benchmarks/image_top.py).
+        with torch.autocast("cpu", enabled=False) if x.device.type == "cpu" else contextlib.nullcontext():
+            for block in self.blocks:
+                x = block(x)
+            x = self.act(self.norm(self.head(x)))  # (B, 1280, G, G)
         return x.flatten(2).transpose(1, 2)  # (B, G*G, 1280), row by row
