@@ -24,14 +24,11 @@ from scratchformer.models.image_encoder import ImageTop  # noqa: E402
 
 
 def step(top: ImageTop, regions: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The top's blocks and head, forward and backward, with autocast as asked (ImageTop.forward
-    itself turns autocast off on a CPU, so the layers are called here); the (B, 1280, G, G) output."""
+    """The top's layers, forward and backward, with autocast as asked (``ImageTop.forward`` itself
+    turns autocast off on a CPU); the (B, 1280, G, G) output."""
     x = regions.transpose(1, 2).reshape(-1, top.in_channels, top.in_side, top.in_side)
-    x = x.contiguous(memory_format=torch.channels_last)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        for block in top.blocks:
-            x = block(x)
-        x = top.act(top.norm(top.head(x)))
+        x = top.layers(x)
     x.float().square().mean().backward()
     return x.detach()
 

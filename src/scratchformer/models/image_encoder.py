@@ -220,13 +220,16 @@ class ImageTop(nn.Module):
                 f"features: expected (B, {h * h}, {c}): the regions below the encoder's top stages, "
                 f"got {tuple(regions.shape)}"
             )
-        weight = self.head.weight
-        x = regions.to(weight.dtype).transpose(1, 2).reshape(-1, c, h, h)
-        x = x.contiguous(memory_format=torch.channels_last)
+        x = regions.to(self.head.weight.dtype).transpose(1, 2).reshape(-1, c, h, h)
         # On a CPU the top computes in its weights' dtype even under bf16 autocast: oneDNN's bf16
         # depthwise convolutions are slower there than fp32, even with AMX (benchmarks/image_top.py).
         with torch.autocast("cpu", enabled=False) if x.device.type == "cpu" else contextlib.nullcontext():
-            for block in self.blocks:
-                x = block(x)
-            x = self.act(self.norm(self.head(x)))  # (B, 1280, G, G)
+            x = self.layers(x)  # (B, 1280, G, G)
         return x.flatten(2).transpose(1, 2)  # (B, G*G, 1280), row by row
+
+    def layers(self, x: Tensor) -> Tensor:
+        """The blocks and the head, in whatever autocast the caller set: (B, C, h, h) -> (B, 1280, G, G)."""
+        x = x.contiguous(memory_format=torch.channels_last)
+        for block in self.blocks:
+            x = block(x)
+        return self.act(self.norm(self.head(x)))
