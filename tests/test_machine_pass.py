@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import conftest
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,3 +89,27 @@ def test_ci_runs_them_again_as_the_other_kind() -> None:
     assert "ATEN_CPU_CAPABILITY=default" in ci  # plain C kernels, on an AVX2-only one
     assert "native=no" in ci and "native=yes" in ci and "amx_tile|avx512_bf16" in ci
     assert "--durations=25" in ci
+
+
+def test_the_second_pass_imports_the_files_that_can_hold_machine_tests(tmp_path: Path) -> None:
+    """``-m machine`` skips importing a test file that is neither kernel-sensitive nor marks a test by
+    hand; a full collection refuses a machine test in a file that the second pass would skip."""
+    hand, plain = tmp_path / "test_hand.py", tmp_path / "test_plain.py"
+    hand.write_text("import pytest\n\n@pytest.mark.machine\ndef test_a(): ...\n")
+    plain.write_text("def test_a(): ...\n")
+    assert conftest.second_pass_reads(hand) and not conftest.second_pass_reads(plain)
+    assert conftest.second_pass_reads(conftest.TESTS / "tasks" / "test_golden_runs.py")  # by file
+
+    class Item:  # what the hook reads of a collected test
+        def __init__(self, path: Path, marked: bool) -> None:
+            self.path, self.marked = path, marked
+
+        def get_closest_marker(self, name: str) -> object:
+            return self.marked or None
+
+        def add_marker(self, marker: object) -> None:
+            self.marked = True
+
+    conftest.pytest_collection_modifyitems(None, [Item(hand, True), Item(plain, False)])
+    with pytest.raises(pytest.UsageError, match="test_plain.py"):  # marked some other way
+        conftest.pytest_collection_modifyitems(None, [Item(plain, True)])

@@ -329,16 +329,18 @@ def test_caption_scores_are_pycocoevalcap_against_every_reference() -> None:
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="METEOR is a Java program; no java here")
-def test_meteor_is_the_jar_pycocoevalcap_ships() -> None:
+def test_meteor_is_the_jar_pycocoevalcap_ships(monkeypatch) -> None:
     """METEOR (x100) equals pycocoevalcap's Meteor called directly on the same tokenised text; a
     caption as one of its references scores above a wrong one."""
-    from pycocoevalcap.meteor.meteor import Meteor
+    from pycocoevalcap.meteor import meteor
 
+    jar = meteor.Meteor()  # one Java process (10 s to start) serves both: ours asks for it by name
+    monkeypatch.setattr(meteor, "Meteor", lambda: jar)
     hyps = ["A dog runs on the grass.", "a man rides a bike"]
     refs = [["a dog is running on grass", "A brown dog runs across the grass ."], ["two girls on a bench"]]
     scores = caption_scores(hyps, refs, meteor=True)
     gts = {0: ["a dog is running on grass", "a brown dog runs across the grass"], 1: ["two girls on a bench"]}
-    direct, each = Meteor().compute_score(gts, {0: ["a dog runs on the grass"], 1: ["a man rides a bike"]})
+    direct, each = jar.compute_score(gts, {0: ["a dog runs on the grass"], 1: ["a man rides a bike"]})
     assert scores["meteor"] == pytest.approx(100 * direct) and each[0] > 2 * each[1]
     assert "meteor" not in caption_scores(hyps, refs)
 
