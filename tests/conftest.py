@@ -179,9 +179,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if kernel_sensitive(item.path):
             item.add_marker(pytest.mark.machine)
-    unread = sorted(
-        {str(i.path) for i in items if i.get_closest_marker("machine") and not second_pass_reads(i.path)}
-    )
+    marked = {item.path for item in items if item.get_closest_marker("machine")}  # each file read once
+    unread = sorted(str(path) for path in marked if not second_pass_reads(path))
     if unread:  # a marker given some other way than these two: the second pass would not see it
         raise pytest.UsageError(f"machine tests the second pass would not import: {', '.join(unread)}")
 
